@@ -1,0 +1,97 @@
+"""The ``maxtp`` command line.
+
+Kept free of torch and lightning imports (``import lightning`` costs about 8 s on a small
+machine): each subcommand imports only what it needs, inside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from lightning_maxtp import __version__
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from lightning_maxtp._format import format_resources
+    from lightning_maxtp.resources import inspect_resources
+
+    res = inspect_resources(args.path)
+    workers = None
+    if args.model_gib is not None:
+        workers = res.workers_per_gpu(
+            int(args.model_gib * 2**30), headroom_bytes=int(args.headroom_gib * 2**30)
+        )
+    if args.json:
+        data = res.to_dict()
+        if workers is not None:
+            data["advice"]["model_gib"] = args.model_gib
+            data["advice"]["headroom_gib"] = args.headroom_gib
+            data["advice"]["workers_per_gpu"] = [
+                {"gpu": i, "workers": n} for i, n in workers.items()
+            ]
+        print(json.dumps(data, indent=2))
+    else:
+        print(format_resources(res, workers))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and documentation)."""
+    parser = argparse.ArgumentParser(
+        prog="maxtp",
+        description="Probe the machine and run PyTorch Lightning jobs at its limit.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    inspect = sub.add_parser(
+        "inspect",
+        help="probe CPUs, memory, /dev/shm, disk and GPUs; print what a job can use",
+        description="Probe CPUs, memory, /dev/shm, disk and GPUs as this process sees them.",
+    )
+    inspect.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    inspect.add_argument(
+        "--path", default=".", help="where the job writes; its free disk is reported (default: .)"
+    )
+    inspect.add_argument(
+        "--model-gib",
+        type=_positive_float,
+        default=None,
+        help="GPU memory one model copy needs; adds how many copies fit on each free GPU",
+    )
+    inspect.add_argument(
+        "--headroom-gib",
+        type=float,
+        default=2.5,
+        help="GPU memory kept free when counting model copies (default: 2.5)",
+    )
+    inspect.set_defaults(handler=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``maxtp`` console script."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "headroom_gib", 0) < 0:
+        print(
+            f"maxtp: error: --headroom-gib must be >= 0, got {args.headroom_gib}", file=sys.stderr
+        )
+        return 2
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Suite-wide fixtures: every test must leave no child process and no extra thread behind."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+_GRACE_S = 10.0
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_threads() -> Iterator[None]:
+    """Fail a test that leaks child processes or non-daemon threads (after a grace period)."""
+    children_before, threads_before = _children(), _threads()
+    yield
+    deadline = time.monotonic() + _GRACE_S
+    while True:
+        gc.collect()  # DataLoader iterators shut their workers down when collected
+        leaked_children = _children() - children_before
+        leaked_threads = _threads() - threads_before
+        if not (leaked_children or leaked_threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in leaked_children:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    assert not leaked_children, f"test left child processes behind: {sorted(leaked_children)}"
+    assert not leaked_threads, f"test left threads behind: {[t.name for t in leaked_threads]}"
