@@ -192,11 +192,15 @@ def _busy_reason(gpu: GpuInfo) -> str | None:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         return f"{len(foreign)} foreign process(es): {listed}{more}"
     if gpu.memory_total_bytes and gpu.memory_used_bytes is not None:
-        share = gpu.memory_used_bytes / gpu.memory_total_bytes
+        # Memory our own job holds (this process, its parents, its children) does not make the
+        # GPU busy; what is left is held by processes NVML cannot list (other containers).
+        own = sum(p.used_memory_bytes or 0 for p in gpu.processes or () if p.own)
+        unlisted = max(0, gpu.memory_used_bytes - own)
+        share = unlisted / gpu.memory_total_bytes
         if share > FREE_GPU_MAX_USED_FRACTION:
             return (
-                f"{gpu.memory_used_bytes / GIB:.1f} GiB of {gpu.memory_total_bytes / GIB:.1f} GiB "
-                f"in use ({share:.0%}) by processes not listed (another container?)"
+                f"{unlisted / GIB:.1f} GiB of {gpu.memory_total_bytes / GIB:.1f} GiB in use "
+                f"({share:.0%}) by processes not listed (another container?)"
             )
     if gpu.mig_enabled:
         return "MIG mode is on: use the MIG instances' UUIDs in CUDA_VISIBLE_DEVICES"

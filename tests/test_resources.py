@@ -122,6 +122,20 @@ def test_fake_nvml_several_gpus_one_busy(monkeypatch: pytest.MonkeyPatch) -> Non
     assert data["gpus"][1]["foreign_process_count"] == 1
 
 
+def test_memory_held_by_our_own_process_does_not_make_a_gpu_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [
+        FakeGpu(uuid=uuid(0), used_gib=40.5, processes=[(os.getpid(), 40 * GIB)]),
+        FakeGpu(uuid=uuid(1), used_gib=40.5, processes=[(os.getpid(), 10 * GIB)]),
+    ]
+    res = inspect_resources(nvml=FakeNvml(gpus))
+    assert res.advice.free_gpus == (0,)
+    (busy,) = res.advice.busy_gpus
+    assert busy.index == 1 and busy.reason.startswith("30.5 GiB of 140.0 GiB in use (22%)")
+
+
 def test_cpu_worker_budget_is_split_among_device_processes() -> None:
     gpus = tuple(inspect_resources(nvml=FakeNvml([FakeGpu(uuid=uuid(i)) for i in range(8)])).gpus)
     advice = derive_advice(CpuInfo(16, 8, 16, None), gpus)
