@@ -48,6 +48,37 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _cmd_triage(args: argparse.Namespace) -> int:
+    import psutil
+
+    from lightning_maxtp.triage import triage
+
+    try:
+        result = triage(args.duration, args.pid, interval_s=args.interval)
+    except psutil.NoSuchProcess:
+        print(f"maxtp: error: --pid {args.pid}: no such process", file=sys.stderr)
+        return 2
+    except psutil.AccessDenied:
+        print(
+            f"maxtp: error: --pid {args.pid}: cannot read the process (access denied); run "
+            "maxtp as the same user or as root",
+            file=sys.stderr,
+        )
+        return 2
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -78,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU memory kept free when counting model copies (default: 2.5)",
     )
     inspect.set_defaults(handler=_cmd_inspect)
+    tri = sub.add_parser(
+        "triage",
+        help="sample a running job (or the machine) and name its bottleneck",
+        description="Sample a process tree (GPU, CPU of the process and its children, I/O "
+        "wait, disk) for a few seconds and print the bottleneck class with evidence and the "
+        "first knobs. Without --pid the whole machine is sampled.",
+    )
+    tri.add_argument(
+        "--duration", type=_positive_seconds, default=10.0, help="seconds to sample (default: 10)"
+    )
+    tri.add_argument("--pid", type=int, default=None, help="root of the process tree to sample")
+    tri.add_argument(
+        "--interval", type=_positive_seconds, default=0.2, help="seconds between readings"
+    )
+    tri.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    tri.set_defaults(handler=_cmd_triage)
     return parser
 
 

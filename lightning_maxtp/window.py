@@ -1,0 +1,278 @@
+"""A window of N training steps as plain data: what ``diagnose`` reads.
+
+``StepClock`` (``signals.py``) fills it from a running fit; tests and ``maxtp triage`` build it
+by hand. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["CaptureSummary", "JobContext", "SamplerSeries", "Window"]
+
+
+def _mean(values: tuple[float, ...]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the job runs on and with: needed for recommendations with values."""
+
+    device_type: str = "cpu"
+    """``"cuda"``, ``"cpu"``, ``"mps"``..."""
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    """Like ``"9.0"``; bf16 needs >= 8.0."""
+    gpu_memory_total_bytes: int | None = None
+    precision: str | None = None
+    """Lightning's precision string, e.g. ``"32-true"`` or ``"bf16-mixed"``."""
+    batch_size: int | None = None
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    cpu_worker_budget: int | None = None
+    """DataLoader workers this process may start (the probe's ``cpu_workers_per_process``)."""
+    intra_op_threads: int | None = None
+    """``torch.get_num_threads()`` of the training process."""
+    compiled: bool | None = None
+    """Whether the model runs under ``torch.compile`` (None: unknown)."""
+    world_size: int = 1
+    unused_free_gpus: tuple[int, ...] = ()
+    """Free GPUs on this machine that the job does not use."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        data = asdict(self)
+        data["unused_free_gpus"] = list(self.unused_free_gpus)
+        return data
+
+
+@dataclass(frozen=True)
+class SamplerSeries:
+    """What the background sampler read during the window (empty tuples: source unavailable).
+
+    CPU percentages follow psutil: 100 means one core fully busy.
+    """
+
+    t_s: tuple[float, ...] = ()
+    """Sample times, seconds since the monitor started."""
+    gpu_util_percent: tuple[float, ...] = ()
+    gpu_memory_used_bytes: tuple[int, ...] = ()
+    gpu_memory_total_bytes: int | None = None
+    allocator_reserved_bytes: tuple[int, ...] = ()
+    alloc_retries: int = 0
+    """Growth of ``num_alloc_retries`` over the window."""
+    ooms: int = 0
+    """Growth of ``num_ooms`` over the window."""
+    main_cpu_percent: tuple[float, ...] = ()
+    worker_cpu_percent: tuple[float, ...] = ()
+    """Summed over DataLoader worker processes."""
+    num_worker_processes: int = 0
+    system_cpu_percent: tuple[float, ...] = ()
+    """Whole machine, 100 = all cores busy."""
+    iowait_percent: tuple[float, ...] = ()
+    disk_read_bytes_per_s: tuple[float, ...] = ()
+    available_ram_bytes: tuple[int, ...] = ()
+
+    @property
+    def mean_gpu_util(self) -> float | None:
+        """Mean NVML utilization, percent."""
+        return _mean(self.gpu_util_percent)
+
+    @property
+    def mean_main_cpu(self) -> float | None:
+        """Mean CPU of the training process, percent of one core."""
+        return _mean(self.main_cpu_percent)
+
+    @property
+    def mean_worker_cpu(self) -> float | None:
+        """Mean CPU of one DataLoader worker, percent of one core (None without workers)."""
+        total = _mean(self.worker_cpu_percent)
+        if total is None or self.num_worker_processes == 0:
+            return None
+        return total / self.num_worker_processes
+
+    @property
+    def mean_system_cpu(self) -> float | None:
+        """Mean machine-wide CPU, percent of all cores."""
+        return _mean(self.system_cpu_percent)
+
+    @property
+    def mean_iowait(self) -> float | None:
+        """Mean system I/O wait, percent."""
+        return _mean(self.iowait_percent)
+
+    @property
+    def mean_disk_read(self) -> float | None:
+        """Mean disk read rate, bytes/s."""
+        return _mean(self.disk_read_bytes_per_s)
+
+    @property
+    def peak_memory_share(self) -> float | None:
+        """Largest of reserved or used device memory over total (0..1)."""
+        if not self.gpu_memory_total_bytes:
+            return None
+        peaks = [*self.allocator_reserved_bytes, *self.gpu_memory_used_bytes]
+        return max(peaks) / self.gpu_memory_total_bytes if peaks else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class CaptureSummary:
+    """A short ``torch.profiler`` capture reduced to the numbers that separate GPU kinds."""
+
+    steps: int
+    kernels_per_step: float
+    median_kernel_us: float | None
+    gpu_idle_share: float | None
+    """Share of the captured device span with no kernel running (0..1)."""
+    pageable_h2d_per_step: float
+    """Host-to-device copies from pageable (unpinned) memory, per step."""
+    syncs_per_step: float
+    """Synchronizing calls (``cudaStreamSynchronize``, ``.item()``...), per step."""
+    median_launch_us: float | None = None
+    """Median host time of one kernel launch call."""
+    overhead_s: float = 0.0
+    """Wall time the capture added to the job."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        kernel = "?" if self.median_kernel_us is None else f"{self.median_kernel_us:.1f} us"
+        idle = "?" if self.gpu_idle_share is None else f"{self.gpu_idle_share:.0%}"
+        return (
+            f"capture of {self.steps} steps: {self.kernels_per_step:.0f} kernels/step, median "
+            f"kernel {kernel}, GPU idle {idle}, {self.pageable_h2d_per_step:.1f} pageable H2D "
+            f"copies/step, {self.syncs_per_step:.1f} syncs/step (cost {self.overhead_s:.2f} s)"
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """N consecutive training steps of one rank, with what was sampled meanwhile.
+
+    ``step_time_s[i]`` runs from the end of step i-1 to the end of step i, so it includes
+    ``data_wait_s[i]`` (the end of step i-1 to the start of step i: fetching the batch).
+    """
+
+    step_time_s: tuple[float, ...]
+    data_wait_s: tuple[float, ...]
+    samples: tuple[int, ...]
+    wait_cpu_s: tuple[float, ...] = ()
+    """CPU seconds the main thread used while waiting for data (with 0 workers: loading)."""
+    compute_cpu_s: tuple[float, ...] = ()
+    """CPU seconds the main thread used in the rest of each step."""
+    device_time_s: tuple[float, ...] = ()
+    """CUDA: device span of each step whose events had completed when the window closed
+    (read without waiting, so it may hold fewer entries than ``steps``)."""
+    sampler: SamplerSeries = field(default_factory=SamplerSeries)
+    context: JobContext = field(default_factory=JobContext)
+    capture: CaptureSummary | None = None
+    first_step: int = 0
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.step_time_s)
+        if len(self.data_wait_s) != n or len(self.samples) != n:
+            raise ValueError(
+                f"`step_time_s`, `data_wait_s` and `samples` must have the same length, got "
+                f"{n}, {len(self.data_wait_s)}, {len(self.samples)}"
+            )
+
+    @property
+    def steps(self) -> int:
+        """Number of steps."""
+        return len(self.step_time_s)
+
+    @property
+    def total_s(self) -> float:
+        """Wall time of the window."""
+        return sum(self.step_time_s)
+
+    @property
+    def data_wait_share(self) -> float:
+        """Share of the window spent waiting for data (0..1)."""
+        total = self.total_s
+        return sum(self.data_wait_s) / total if total > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples per second the job gets."""
+        total = self.total_s
+        return sum(self.samples) / total if total > 0 else 0.0
+
+    @property
+    def device_samples_per_s(self) -> float:
+        """Samples per second the device could consume if data never kept it waiting."""
+        busy = self.total_s - sum(self.data_wait_s)
+        return sum(self.samples) / busy if busy > 0 else 0.0
+
+    @property
+    def median_step_s(self) -> float:
+        """Median step time."""
+        return statistics.median(self.step_time_s) if self.step_time_s else 0.0
+
+    @property
+    def wait_cpu_share(self) -> float | None:
+        """Share of one core the main thread used while waiting for data (0..1)."""
+        wait = sum(self.data_wait_s)
+        return sum(self.wait_cpu_s) / wait if self.wait_cpu_s and wait > 0 else None
+
+    @property
+    def memory_share(self) -> float | None:
+        """Peak device memory share (0..1): NVML's total, else the context's (no NVML)."""
+        share = self.sampler.peak_memory_share
+        total = self.context.gpu_memory_total_bytes
+        if share is None and total and self.sampler.allocator_reserved_bytes:
+            share = max(self.sampler.allocator_reserved_bytes) / total
+        return share
+
+    @property
+    def compute_cpu_cores(self) -> float | None:
+        """Cores the training process used while computing.
+
+        The sampler's process CPU (all threads) when there is one, else the main thread's share
+        of the non-waiting part of the steps.
+        """
+        busy = self.total_s - sum(self.data_wait_s)
+        main = sum(self.compute_cpu_s) / busy if self.compute_cpu_s and busy > 0 else None
+        process = self.sampler.mean_main_cpu
+        if process is None:
+            return main
+        return max(process / 100, main or 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view, with the derived rates."""
+        return {
+            "rank": self.rank,
+            "first_step": self.first_step,
+            "steps": self.steps,
+            "step_time_s": list(self.step_time_s),
+            "data_wait_s": list(self.data_wait_s),
+            "samples": list(self.samples),
+            "wait_cpu_s": list(self.wait_cpu_s),
+            "compute_cpu_s": list(self.compute_cpu_s),
+            "device_time_s": list(self.device_time_s),
+            "data_wait_share": self.data_wait_share,
+            "samples_per_s": self.samples_per_s,
+            "device_samples_per_s": self.device_samples_per_s,
+            "sampler": self.sampler.to_dict(),
+            "context": self.context.to_dict(),
+            "capture": None if self.capture is None else self.capture.to_dict(),
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"steps {self.first_step}..{self.first_step + self.steps - 1} (rank {self.rank}): "
+            f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
+            f"data wait {self.data_wait_share:.0%}"
+        )

@@ -1,0 +1,266 @@
+"""Every bottleneck kind from constructed windows: the rules, their evidence, their knobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
+from lightning_maxtp.window import CaptureSummary, JobContext, SamplerSeries, Window
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+H200 = JobContext(
+    device_type="cuda", gpu_name="NVIDIA H200", compute_capability="9.0",
+    gpu_memory_total_bytes=140 * GIB, precision="32-true", batch_size=32, num_workers=2,
+    prefetch_factor=2, pin_memory=False, persistent_workers=False, cpu_worker_budget=15,
+)  # fmt: skip
+
+
+def window(
+    step_ms: float = 100.0,
+    wait_ms: float = 0.0,
+    *,
+    steps: int = 10,
+    batch: int = 32,
+    wait_cpu: float | None = None,
+    sampler: SamplerSeries | None = None,
+    context: JobContext | None = None,
+    capture: CaptureSummary | None = None,
+) -> Window:
+    return Window(
+        step_time_s=(step_ms / 1e3,) * steps,
+        data_wait_s=(wait_ms / 1e3,) * steps,
+        samples=(batch,) * steps,
+        wait_cpu_s=() if wait_cpu is None else (wait_cpu * wait_ms / 1e3,) * steps,
+        compute_cpu_s=(1.0 * (step_ms - wait_ms) / 1e3,) * steps,
+        sampler=sampler or SamplerSeries(),
+        context=context or JobContext(),
+        capture=capture,
+    )
+
+
+def gpu(util: float, used_gib: float = 15.0, **kw: object) -> SamplerSeries:
+    return SamplerSeries(
+        gpu_util_percent=(util,) * 5, gpu_memory_used_bytes=(int(used_gib * GIB),) * 5,
+        gpu_memory_total_bytes=140 * GIB, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def kinds(found: list[Diagnosis]) -> list[str]:
+    return [d.kind.value for d in found]
+
+
+def test_kind_values_are_the_design_table() -> None:
+    assert [k.value for k in BottleneckKind] == [
+        "data_pipeline", "storage", "compute", "kernel_launch", "vram", "host_overhead",
+        "under_occupied", "healthy",
+    ]  # fmt: skip
+    assert BottleneckKind("vram") is BottleneckKind.VRAM and str(BottleneckKind.VRAM) == "vram"
+
+
+def test_data_pipeline_says_how_much_faster_the_loader_must_be() -> None:
+    # 0 workers: 60 ms of each 100 ms step is loading at one full core.
+    ctx = JobContext(batch_size=32, num_workers=0, cpu_worker_budget=6, persistent_workers=False)
+    found = diagnose(window(100, 60, wait_cpu=1.0, context=ctx))
+    top = found[0]
+    assert top.kind is BottleneckKind.DATA_PIPELINE and top.confidence > 0.8
+    # device takes 32 samples per 40 ms = 800/s; loading alone gives 32 per 60 ms = 533/s
+    assert top.evidence["device_samples_per_s"] == pytest.approx(800.0)
+    assert top.evidence["loader_samples_per_s"] == pytest.approx(533.3, abs=0.1)
+    assert top.evidence["loader_speedup_needed"] == pytest.approx(1.5)
+    assert "loader must be 1.5x faster" in top.summary
+    recs = [str(r) for r in top.recommendations]
+    assert recs[0].startswith("num_workers: 0 -> 2 (loader must be 1.5x faster")
+    assert recs[0].endswith("[auto]")
+    assert recs[1:] == [
+        "prefetch_factor: 2 -> 4 (absorb batch-to-batch variation in load time) [auto]",
+        "persistent_workers: False -> True (no worker restart at every epoch) [auto]",
+    ]
+    assert found[1].kind is BottleneckKind.STORAGE and found[1].confidence < 0.5
+
+
+def test_data_pipeline_over_cpu_budget_points_at_pre_encoding() -> None:
+    ctx = JobContext(num_workers=2, cpu_worker_budget=6, prefetch_factor=4)
+    sampler = SamplerSeries(worker_cpu_percent=(190.0,) * 5, num_worker_processes=2)
+    top = diagnose(window(100, 80, sampler=sampler, context=ctx))[0]
+    assert top.kind is BottleneckKind.DATA_PIPELINE
+    assert top.evidence["loader_speedup_needed"] == pytest.approx(5.0)
+    assert [(r.knob, r.current, r.proposed, r.auto_apply) for r in top.recommendations] == [
+        ("num_workers", 2, 6, True),
+        ("decode", "CPU in workers", "pre-encoded tensors or GPU decode (nvjpeg/DALI)", False),
+    ]
+    assert "needs ~11 workers, CPU budget allows 6" in top.recommendations[1].reason
+
+
+def test_storage_when_workers_idle_and_io_wait_high() -> None:
+    sampler = SamplerSeries(
+        worker_cpu_percent=(20.0,) * 5, num_worker_processes=4, iowait_percent=(35.0,) * 5,
+        disk_read_bytes_per_s=(4e8,) * 5, system_cpu_percent=(20.0,) * 5,
+    )  # fmt: skip
+    ctx = JobContext(num_workers=4, cpu_worker_budget=4)
+    found = diagnose(window(100, 50, sampler=sampler, context=ctx))
+    assert kinds(found)[:2] == ["storage", "data_pipeline"]
+    top = found[0]
+    assert top.evidence["loader_busy_cores"] == pytest.approx(0.05)
+    assert top.evidence["iowait_percent"] == 35.0
+    assert [str(r) for r in top.recommendations[:2]] == [
+        "num_workers: 4 -> 8 (workers wait on reads: more reads in flight hide latency) [auto]",
+        "prefetch_factor: 2 -> 8 (deeper read-ahead per worker) [auto]",
+    ]
+    assert not top.recommendations[2].auto_apply  # moving the data set is the user's call
+
+
+def test_compute_on_gpu_recommends_batch_and_bf16_with_values() -> None:
+    top = diagnose(window(100, 1, sampler=gpu(98, used_gib=15.4), context=H200))[0]
+    assert top.kind is BottleneckKind.COMPUTE
+    assert top.evidence["gpu_util_percent"] == 98.0
+    recs = [str(r) for r in top.recommendations]
+    assert recs[0] == (
+        "batch_size: 32 -> 128 (VRAM 11% used; scale the learning rate with it) [opt-in]"
+    )
+    assert recs[1] == (
+        "precision: 32-true -> bf16-mixed (NVIDIA H200, compute capability 9.0, supports bf16; "
+        "tensor cores at 2x the fp32 rate) [opt-in]"
+    )
+    assert not any(r.auto_apply for r in top.recommendations)
+
+
+def test_compute_with_every_knob_in_use_is_healthy() -> None:
+    ctx = JobContext(**{**H200.to_dict(), "precision": "bf16-mixed", "compiled": True,
+                        "unused_free_gpus": ()})  # fmt: skip
+    found = diagnose(window(100, 1, sampler=gpu(99, used_gib=100), context=ctx))
+    assert kinds(found) == ["healthy"]
+    assert found[0].confidence == 1.0 and found[0].evidence["gpu_util_percent"] == 99.0
+
+
+def test_compute_on_cpu_from_busy_threads() -> None:
+    ctx = JobContext(intra_op_threads=2, compiled=False)
+    # the main thread is one core; the sampler sees the process's intra-op threads too
+    w = window(100, 1, context=ctx, sampler=SamplerSeries(main_cpu_percent=(192.0,) * 5))
+    top = diagnose(w)[0]
+    assert top.kind is BottleneckKind.COMPUTE
+    assert top.evidence["compute_cpu_cores"] == pytest.approx(1.92, abs=0.01)
+    assert [r.knob for r in top.recommendations] == ["torch.compile"]
+
+
+def test_vram_from_ooms_and_reserved_memory() -> None:
+    sampler = gpu(95, used_gib=137, allocator_reserved_bytes=(int(136 * GIB),) * 5,
+                  alloc_retries=4, ooms=1)  # fmt: skip
+    top = diagnose(window(100, 1, sampler=sampler, context=H200))[0]
+    assert top.kind is BottleneckKind.VRAM and top.confidence == 0.99
+    assert top.evidence == {"memory_peak_share": 0.979, "alloc_retries": 4, "ooms": 1}
+    assert str(top.recommendations[0]) == (
+        "batch_size x accumulate_grad_batches: 32 x 1 -> 16 x 2 (same effective batch, half the "
+        "activation memory) [opt-in]"
+    )
+
+
+def test_kernel_launch_confirmed_by_capture() -> None:
+    cap = CaptureSummary(steps=3, kernels_per_step=900, median_kernel_us=4.0,
+                         gpu_idle_share=0.7, pageable_h2d_per_step=0, syncs_per_step=0)  # fmt: skip
+    sampler = gpu(30, main_cpu_percent=(100.0,) * 5)
+    w = window(50, 1, sampler=sampler, context=H200, capture=cap)
+    assert not needs_capture(w)
+    top = diagnose(w)[0]
+    assert top.kind is BottleneckKind.KERNEL_LAUNCH and top.confidence == 0.85
+    assert top.evidence["capture_median_kernel_us"] == 4.0
+    assert str(top.recommendations[0]).startswith("batch_size: 32 -> 128 (same launches")
+    assert top.recommendations[1].proposed == "reduce-overhead"
+
+
+def test_host_overhead_confirmed_by_capture() -> None:
+    cap = CaptureSummary(steps=3, kernels_per_step=40, median_kernel_us=300.0,
+                         gpu_idle_share=0.45, pageable_h2d_per_step=2,
+                         syncs_per_step=3)  # fmt: skip
+    w = window(50, 1, sampler=gpu(40, main_cpu_percent=(95.0,) * 5), context=H200, capture=cap)
+    top = diagnose(w)[0]
+    assert top.kind is BottleneckKind.HOST_OVERHEAD and top.confidence == 0.9
+    assert [(r.knob, r.current, r.proposed, r.auto_apply) for r in top.recommendations] == [
+        ("pin_memory", False, True, True),
+        ("persistent_workers", False, True, True),
+        ("syncs per step", 3.0, 0, False),
+    ]
+
+
+def test_ambiguous_gpu_signals_ask_for_a_capture() -> None:
+    w = window(50, 1, sampler=gpu(30, main_cpu_percent=(100.0,) * 5), context=H200)
+    assert needs_capture(w)
+    found = diagnose(w)
+    assert kinds(found)[:2] == ["kernel_launch", "host_overhead"]
+    assert all(d.needs_capture for d in found[:2])
+    assert "a short profiler capture would confirm this" in str(found[0])
+
+
+def test_under_occupied_when_free_gpus_are_unused() -> None:
+    ctx = JobContext(**{**H200.to_dict(), "unused_free_gpus": (1, 2, 3)})
+    found = diagnose(window(100, 1, sampler=gpu(96, used_gib=15.4), context=ctx))
+    assert kinds(found)[0] == "under_occupied"
+    assert str(found[0].recommendations[0]) == (
+        "devices: 1 -> 4 (GPUs [1, 2, 3] are free; DDP multiplies the global batch) [opt-in]"
+    )
+    assert "compute" in kinds(found)
+
+
+def test_under_occupied_when_gpu_and_host_both_idle() -> None:
+    w = window(50, 1, sampler=gpu(10, main_cpu_percent=(20.0,) * 5), context=H200)
+    assert kinds(diagnose(w))[0] == "under_occupied"
+
+
+def test_cpu_run_only_considers_cpu_kinds() -> None:
+    # GPU-looking readings on a CPU job must not produce GPU kinds.
+    w = window(100, 1, sampler=gpu(10, used_gib=139, ooms=3), context=JobContext())
+    assert set(kinds(diagnose(w))) <= {"data_pipeline", "storage", "compute", "healthy"}
+
+
+def test_small_data_wait_is_healthy_not_an_alarm() -> None:
+    ctx = JobContext(num_workers=0, intra_op_threads=4)  # 1 of 4 threads busy: not saturated
+    found = diagnose(window(100, 4, wait_cpu=1.0, context=ctx))
+    assert kinds(found) == ["healthy"]
+    assert found[0].evidence["data_wait_share"] == 0.04
+
+
+def test_too_few_steps_say_nothing_and_bad_windows_raise() -> None:
+    assert diagnose(window(steps=2)) == []
+    with pytest.raises(ValueError, match="must have the same length, got 2, 1, 2"):
+        Window((0.1, 0.1), (0.0,), (1, 1))
+
+
+def test_to_dict_is_json_and_str_lists_recommendations() -> None:
+    found = diagnose(window(100, 60, wait_cpu=1.0, context=JobContext(num_workers=0)))
+    data = json.loads(json.dumps([d.to_dict() for d in found]))
+    assert data[0]["kind"] == "data_pipeline"
+    assert data[0]["recommendations"][0]["knob"] == "num_workers"
+    assert str(found[0]).splitlines()[1].startswith("  1. num_workers: 0 -> ")
+
+
+def test_diagnosis_imports_no_torch() -> None:
+    code = (
+        "import sys\nfrom lightning_maxtp.diagnosis import diagnose\n"
+        "import lightning_maxtp.window, lightning_maxtp.report\n"
+        "print([m for m in ('torch', 'lightning') if m in sys.modules])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout  # fmt: skip
+    assert out.strip() == "[]"
+
+
+def test_vram_at_the_ceiling_outranks_compute() -> None:
+    found = diagnose(window(100, 1, sampler=gpu(99, used_gib=134), context=H200))
+    assert kinds(found)[:2] == ["vram", "compute"]
+    compute = found[1]
+    # no batch growth with 96 % of VRAM in use: precision first
+    assert [r.knob for r in compute.recommendations] == ["precision", "torch.compile"]
+
+
+def test_vram_without_nvml_reads_the_allocator_against_the_device_total() -> None:
+    sampler = SamplerSeries(allocator_reserved_bytes=(int(120 * GIB), int(130 * GIB)))
+    top = diagnose(window(100, 1, sampler=sampler, context=H200))[0]
+    assert top.kind is BottleneckKind.VRAM
+    assert top.evidence["memory_peak_share"] == round(130 / 140, 3)

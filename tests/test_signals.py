@@ -1,0 +1,152 @@
+"""StepClock and the sampler on real CPU fits, including one real 2-process DDP run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_maxtp import _sampler
+from lightning_maxtp.signals import StepClock, count_samples
+from tests.helpers import planted
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_count_samples_reads_nested_batches_and_names_the_fix() -> None:
+    x = torch.zeros(7, 3)
+    assert count_samples((x, torch.zeros(7))) == 7
+    assert count_samples({"image": x, "label": [1] * 7}) == 7
+    assert count_samples([["a", "b"], ["c", "d"]]) == 2
+    with pytest.raises(
+        TypeError, match="cannot count samples in a batch of object; pass `samples_fn"
+    ):
+        count_samples(object())
+
+
+def test_step_clock_closes_windows_and_stops_its_thread() -> None:
+    clock = StepClock(window_steps=5, sampler_interval_s=0.02)
+    planted.fit(*planted.well_fed_job(), [clock], steps=12)
+    # the first step of the epoch has no previous end: 11 measured steps -> 2 full windows
+    assert [(w.first_step, w.steps) for w in clock.windows] == [(1, 5), (6, 5)]
+    assert len(clock.step_log) == 11
+    for w in clock.windows:
+        assert w.samples == (256,) * 5
+        assert all(0 <= d < s for d, s in zip(w.data_wait_s, w.step_time_s, strict=True))
+        assert w.context.batch_size is None and w.context.num_workers == 0
+        assert w.context.device_type == "cpu" and w.context.precision == "32-true"
+        assert len(w.wait_cpu_s) == len(w.compute_cpu_s) == 5
+    assert clock.sampler is not None and clock.sampler._thread is None
+    assert clock.sampler.readings, "the sampler read nothing during the fit"
+    assert {"main_cpu_percent", "system_cpu_percent"} <= set(clock.sampler.readings[-1][1])
+
+
+def test_samples_fn_hook_counts_odd_batches() -> None:
+    clock = StepClock(window_steps=3, samples_fn=lambda batch: 7, sampler_interval_s=None)
+    planted.fit(*planted.well_fed_job(), [clock], steps=4)
+    assert clock.windows[0].samples == (7, 7, 7)
+    assert clock.sampler is None
+
+
+class Boom:
+    name = "boom"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def read(self) -> dict[str, float]:
+        self.calls += 1
+        raise RuntimeError("sensor unplugged")
+
+
+def test_failing_source_is_logged_once_and_training_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    boom = Boom()
+    clock = StepClock(window_steps=5, sampler_interval_s=0.01, sources=[boom])
+    with caplog.at_level(logging.WARNING, logger="lightning_maxtp._sampler"):
+        trainer = planted.fit(*planted.well_fed_job(), [clock], steps=20)
+    assert trainer.global_step == 20
+    messages = [r.getMessage() for r in caplog.records if "sensor unplugged" in r.getMessage()]
+    assert messages == [
+        "maxtp sampler: source 'boom' failed and is disabled: RuntimeError('sensor unplugged')"
+    ]
+    assert boom.calls == 1 and clock.sampler is not None and clock.sampler.failed == ["boom"]
+    assert len(clock.sampler.readings) > 1  # the other sources kept sampling
+
+
+def test_sampler_rejects_bad_interval_and_builds_series() -> None:
+    with pytest.raises(ValueError, match="`interval_s` must be > 0, got 0"):
+        _sampler.Sampler([], interval_s=0)
+    series = _sampler.build_series([
+        (0.0, {"gpu_util_percent": 50.0, "alloc_retries": 2.0, "ooms": 0.0, "workers": 2.0}),
+        (0.1, {"gpu_util_percent": 70.0, "alloc_retries": 5.0, "ooms": 1.0, "workers": 2.0}),
+    ])  # fmt: skip
+    assert series.gpu_util_percent == (50.0, 70.0) and series.mean_gpu_util == 60.0
+    assert (series.alloc_retries, series.ooms, series.num_worker_processes) == (3, 1, 2)
+
+
+def test_nvml_and_allocator_sources_read_through_the_gpu_boundary() -> None:
+    from tests.helpers.fake_nvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(util=87, used_gib=10.0, total_gib=140.0)])
+    reading = _sampler.NvmlSource(0, nvml=fake).read()
+    assert reading["gpu_util_percent"] == 87.0
+    assert reading["gpu_memory_total_bytes"] == 140 * 2**30
+    stats = {"reserved_bytes.all.current": 123, "num_alloc_retries": 4, "num_ooms": 1}
+    alloc = _sampler.TorchAllocatorSource("cuda:0", stats=lambda device: stats).read()
+    assert alloc == {"allocator_reserved_bytes": 123.0, "alloc_retries": 4.0, "ooms": 1.0}
+
+
+DDP_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+import torch
+from torch.utils.data import Dataset, DataLoader
+from lightning_maxtp.monitor import BottleneckMonitor
+from tests.helpers import planted
+
+class RankSlow(Dataset):
+    # rank 1 waits for its data: it is the straggler the others wait for in all-reduce
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+            time.sleep(0.002)
+        return torch.zeros(planted.FEATURES), i % 2
+
+clock = BottleneckMonitor(window_steps=4, sampler_interval_s=0.05, verbose=False)
+trainer = planted.fit(planted.Mlp(), DataLoader(RankSlow(), batch_size=8), [clock], steps=9,
+                      devices=2, strategy="ddp")
+if trainer.is_global_zero:
+    with open({out!r}, "w") as f:
+        json.dump(dict(spreads=[s.to_dict() for s in clock.spreads],
+                       summary=clock.report.summary()), f)
+"""
+
+
+def test_ddp_rank_zero_aggregates_ranks_and_names_the_straggler(tmp_path: Path) -> None:
+    out = tmp_path / "spreads.json"
+    script = tmp_path / "ddp_run.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT).format(root=str(ROOT), out=str(out)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=180, cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    spreads = data["spreads"]
+    assert len(spreads) == 2  # 8 measured steps, windows of 4
+    last = spreads[-1]
+    assert len(last["per_rank"]["step_time_s"]) == 2
+    assert last["per_rank"]["data_wait_share"][1] > last["per_rank"]["data_wait_share"][0]
+    assert last["straggler_rank"] == 1
+    stats = last["stats"]["step_time_s"]
+    assert stats["min"] <= stats["median"] <= stats["max"]
+    assert "ranks: 2, step " in data["summary"] and "straggler rank 1" in data["summary"]
