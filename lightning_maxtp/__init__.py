@@ -17,27 +17,53 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "AutoMaxTP": "lightning_maxtp._auto_maxtp",
+    "BottleneckKind": "lightning_maxtp.diagnosis",
+    "BottleneckMonitor": "lightning_maxtp.monitor",
+    "Diagnosis": "lightning_maxtp.diagnosis",
+    "JobContext": "lightning_maxtp.window",
+    "KernelCapture": "lightning_maxtp.capture",
     "ModelSize": "lightning_maxtp.strategy",
+    "Recommendation": "lightning_maxtp.diagnosis",
     "Resources": "lightning_maxtp.resources",
+    "StepClock": "lightning_maxtp.signals",
     "StrategyPlan": "lightning_maxtp.strategy",
+    "ThroughputReport": "lightning_maxtp.report",
+    "Window": "lightning_maxtp.window",
+    "diagnose": "lightning_maxtp.diagnosis",
     "inspect_resources": "lightning_maxtp.resources",
     "plan_strategy": "lightning_maxtp.strategy",
 }
 
 __all__ = [
     "AutoMaxTP",
+    "BottleneckKind",
+    "BottleneckMonitor",
+    "Diagnosis",
+    "JobContext",
+    "KernelCapture",
     "ModelSize",
+    "Recommendation",
     "Resources",
+    "StepClock",
     "StrategyPlan",
+    "ThroughputReport",
+    "Window",
     "__version__",
+    "diagnose",
     "inspect_resources",
     "plan_strategy",
 ]
 
 if TYPE_CHECKING:
     from lightning_maxtp._auto_maxtp import AutoMaxTP
+    from lightning_maxtp.capture import KernelCapture
+    from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
+    from lightning_maxtp.monitor import BottleneckMonitor
+    from lightning_maxtp.report import ThroughputReport
     from lightning_maxtp.resources import Resources, inspect_resources
+    from lightning_maxtp.signals import StepClock
     from lightning_maxtp.strategy import ModelSize, StrategyPlan, plan_strategy
+    from lightning_maxtp.window import JobContext, Window
 
 
 def __getattr__(name: str) -> Any:
