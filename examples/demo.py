@@ -1,10 +1,11 @@
 """The demo behind ``bash examples/demo.sh``: probe the machine, then train on local JPEGs.
 
 It generates a small JPEG classification data set on local disk (no download), then times a short
-ResNet-18 training run twice, A/B: once as Lightning's defaults leave it (batch 32, data loaded in
-the main process) and once with the DataLoader sized from the probe (``cpu_workers_per_process``
-workers, persistent, prefetch 4). The gap between the two is what ``MaxThroughputCallback`` (not
-built yet) will find and close by measurement; today the demo shows the probe and the gap.
+ResNet-18 training run twice: once as Lightning's defaults leave it (batch 32, data loaded in the
+main process) and once with the DataLoader sized from the probe (``cpu_workers_per_process``
+workers, persistent, prefetch 4). Finally it watches the defaults run with ``BottleneckMonitor``,
+which names what limits it, with evidence and the next knob, and writes a report folder.
+``MaxThroughputCallback`` (not built yet) will close the loop: apply, re-measure, keep or revert.
 
 Usage: ``python examples/demo.py [--steps N] [--images N] [--smoke]``
 """
@@ -17,10 +18,31 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 MIN_GAIN = 1.05
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo reuses the benchmark workloads from this checkout
+
+
+def watch(args: argparse.Namespace, dataset: Any, build_model: Any, loader_fn: Any) -> None:
+    """Step 5: one fit at Lightning's defaults under ``BottleneckMonitor``; print its verdict."""
+    import lightning.pytorch as pl
+
+    from lightning_maxtp import BottleneckMonitor
+
+    window = 3 if args.smoke else 10
+    report_dir = args.data_dir.parent / "demo-report"
+    print(f"\n== 5. what limits the defaults run: BottleneckMonitor over {2 * window} steps")
+    monitor = BottleneckMonitor(window_steps=window, report_dir=report_dir, verbose=False)
+    trainer = pl.Trainer(
+        max_steps=2 * window + 1, logger=False, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=False, callbacks=[monitor],
+    )  # fmt: skip
+    trainer.fit(build_model(), train_dataloaders=loader_fn(2 * window + 1))
+    print("   " + monitor.report.summary().replace("\n", "\n   "))
+    files = ", ".join(sorted(p.name for p in report_dir.iterdir()))
+    print(f"   report files: {files} in {report_dir}")
 
 
 def main() -> int:
@@ -66,8 +88,9 @@ def main() -> int:
     dataset = JpegFolderDataset(root, crop=crop)
 
     workers = res.advice.cpu_workers_per_process
+    defaults = LoaderSettings(batch_size=32)
     configs = {
-        "lightning defaults": LoaderSettings(batch_size=32),
+        "lightning defaults": defaults,
         f"sized from probe ({workers} workers)": LoaderSettings(
             batch_size=32,
             num_workers=workers,
@@ -91,9 +114,15 @@ def main() -> int:
             f"   Below the {MIN_GAIN:.2f}x a knob must earn: on this machine the loader is not what"
             " sets the pace, so a tuner that only guessed from the probe would gain nothing."
         )
+    watch(
+        args,
+        dataset,
+        lambda: ImageClassifier(model_name, num_classes=spec.classes),
+        lambda n: make_loader(dataset, defaults, steps=n),
+    )
     print(
-        "   MaxThroughputCallback (coming) measures the bottleneck first and keeps a change only"
-        " when it gains >= 5 %."
+        "\n   MaxThroughputCallback (coming) acts on this: it changes one safe knob at a time"
+        " and keeps it only when throughput rises >= 5 %."
     )
     return 0
 

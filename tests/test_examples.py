@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_smoke_probes_then_trains_twice(tmp_path: Path) -> None:
     demo = str(ROOT / "examples" / "demo.py")
     out = subprocess.run(
-        [sys.executable, demo, "--smoke", "--data-dir", str(tmp_path)],
+        [sys.executable, demo, "--smoke", "--data-dir", str(tmp_path / "data")],
         capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
     ).stdout  # fmt: skip
     assert "== 1. the machine (maxtp inspect)" in out
@@ -20,7 +20,9 @@ def test_demo_smoke_probes_then_trains_twice(tmp_path: Path) -> None:
     assert [name for name, _ in rates][:1] == ["lightning defaults"] and len(rates) == 2
     assert all(float(rate) > 0 for _, rate in rates)
     assert re.search(r"runs at \d+\.\d\dx Lightning's defaults", out)
-    assert list(tmp_path.glob("jpeg-*/class_*/*.jpg")), "the demo generates its data locally"
+    assert list(tmp_path.glob("data/jpeg-*/class_*/*.jpg")), "the demo generates its data locally"
+    assert re.search(r"steps measured, [\d.]+ samples/s, .* bottleneck: \w+", out)
+    assert "report files: report.json, report.md, timeline.png" in out
 
 
 def test_demo_rejects_bad_arguments() -> None:
