@@ -1,0 +1,150 @@
+"""The Trainer internals the batch-size search touches, in one place (checked on lightning 2.6.6).
+
+Private Lightning names used here, each with why:
+
+* ``_Loop`` and ``_BaseProgress`` (``lightning.pytorch.loops``): the loop counters are the
+  ``_BaseProgress`` fields of the fit loop and its children. Manual optimization steps counted
+  during trials are put back from their ``state_dict()`` (``_Loop.load_state_dict`` would also
+  mark the loops as restarting and queue dataloader states, so it is not used).
+* ``_TrainingEpochLoop._batches_that_stepped``: the logging step counter, saved alongside.
+* ``FitLoop._data_source`` (``_DataLoaderSource.dataloader()``): where the train loader comes
+  from, to take one example batch before ``setup_data`` has run (``on_fit_start``).
+* ``FitLoop._combined_loader`` and ``setup_data()``: reset so that a new batch size is read by
+  the user's ``train_dataloader()`` when the loaders were already built (as BatchSizeFinder's
+  ``_reset_dataloaders`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = [
+    "LoopCounters",
+    "example_batch",
+    "set_batch_size",
+    "without_callbacks",
+]
+
+
+def _progress_objects(loop: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, Any]]:
+    from lightning.pytorch.loops.loop import _Loop
+    from lightning.pytorch.loops.progress import _BaseProgress
+
+    if id(loop) in seen:
+        return
+    seen.add(id(loop))
+    for name, value in vars(loop).items():
+        if isinstance(value, _BaseProgress):
+            yield prefix + name, value
+        elif isinstance(value, _Loop):
+            yield from _progress_objects(value, f"{prefix}{name}.", seen)
+
+
+class LoopCounters:
+    """The fit loop's progress counters, captured and put back exactly."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self._loop = trainer.fit_loop
+        self._saved = {
+            path: copy.deepcopy(progress.state_dict())
+            for path, progress in _progress_objects(self._loop, "", set())
+        }
+        self._stepped = self._loop.epoch_loop._batches_that_stepped
+
+    def restore(self) -> None:
+        """Load every counter back from the capture."""
+        for path, progress in _progress_objects(self._loop, "", set()):
+            progress.load_state_dict(copy.deepcopy(self._saved[path]))
+        self._loop.epoch_loop._batches_that_stepped = self._stepped
+
+
+@contextlib.contextmanager
+def without_callbacks(trainer: pl.Trainer) -> Iterator[None]:
+    """Hide the callbacks during trials, as BatchSizeFinder does.
+
+    Hooks such as ``on_before_optimizer_step`` must not see the search's steps.
+    """
+    # ``Trainer.callbacks`` is a plain attribute set by its callback connector (untyped).
+    saved = trainer.callbacks  # type: ignore[attr-defined]
+    trainer.callbacks = []  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        trainer.callbacks = saved  # type: ignore[attr-defined]
+
+
+def example_batch(trainer: pl.Trainer) -> tuple[Any, int | None]:
+    """One batch of the train loader, as ``training_step`` would receive it, on the device.
+
+    Returns:
+        The batch and the length of the first loader's data set (``None`` if unsized).
+
+    Raises:
+        ValueError: If the Trainer has no train loader to take a batch from.
+    """
+    from lightning.pytorch.utilities import CombinedLoader
+
+    source = trainer.fit_loop._data_source
+    if not source.is_defined() or source.instance is None:
+        raise ValueError(
+            "`batch` is None and the Trainer has no train dataloader to take one from; pass "
+            "`batch=next(iter(your_loader))`"
+        )
+    loaders = source.dataloader()
+    combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders)
+    try:
+        batch, _, _ = next(iter(combined))
+    finally:
+        combined.reset()  # shuts down worker processes the iterator started
+    first = combined.flattened[0] if combined.flattened else None
+    dataset = getattr(first, "dataset", None)
+    try:
+        length = len(dataset) if dataset is not None else None
+    except TypeError:
+        length = None
+    return trainer.strategy.batch_to_device(batch), length
+
+
+def read_batch_size(model: pl.LightningModule, batch_arg_name: str) -> int | None:
+    """The batch size the user's loader reads (model, hparams or datamodule), if there is one."""
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
+
+    if not lightning_hasattr(model, batch_arg_name):
+        return None
+    value = lightning_getattr(model, batch_arg_name)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def set_batch_size(trainer: pl.Trainer, batch_arg_name: str, value: int) -> None:
+    """Write the batch size where ``train_dataloader()`` reads it; rebuild a built loader.
+
+    Raises:
+        ValueError: If no model, hparams or datamodule attribute holds the batch size.
+    """
+    from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+
+    model = trainer.lightning_module
+    if not trainer.fit_loop._data_source.is_module():
+        # The attribute may exist (hparams) yet the loader passed to fit() would never read it.
+        raise ValueError(
+            f"cannot apply batch size {value}: the train DataLoader was passed to `fit()`, which "
+            "cannot be resized; build it in `train_dataloader()` of the LightningModule or a "
+            f"DataModule from an attribute {batch_arg_name!r}"
+        )
+    if not lightning_hasattr(model, batch_arg_name):
+        raise ValueError(
+            f"cannot apply batch size {value}: no attribute {batch_arg_name!r} on the model, its "
+            "hparams or the datamodule; store the batch size there and read it in "
+            "`train_dataloader()`, or pass `batch_arg_name=`"
+        )
+    lightning_setattr(model, batch_arg_name, value)
+    loop = trainer.fit_loop
+    if loop._combined_loader is not None:
+        loop._combined_loader = None
+        loop.setup_data()
