@@ -17,6 +17,7 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "AutoMaxTP": "lightning_maxtp._auto_maxtp",
+    "BatchSizePlan": "lightning_maxtp.batch_size",
     "BottleneckKind": "lightning_maxtp.diagnosis",
     "BottleneckMonitor": "lightning_maxtp.monitor",
     "Diagnosis": "lightning_maxtp.diagnosis",
@@ -30,12 +31,14 @@ _LAZY = {
     "ThroughputReport": "lightning_maxtp.report",
     "Window": "lightning_maxtp.window",
     "diagnose": "lightning_maxtp.diagnosis",
+    "find_batch_size": "lightning_maxtp.batch_size",
     "inspect_resources": "lightning_maxtp.resources",
     "plan_strategy": "lightning_maxtp.strategy",
 }
 
 __all__ = [
     "AutoMaxTP",
+    "BatchSizePlan",
     "BottleneckKind",
     "BottleneckMonitor",
     "Diagnosis",
@@ -50,12 +53,14 @@ __all__ = [
     "Window",
     "__version__",
     "diagnose",
+    "find_batch_size",
     "inspect_resources",
     "plan_strategy",
 ]
 
 if TYPE_CHECKING:
     from lightning_maxtp._auto_maxtp import AutoMaxTP
+    from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
     from lightning_maxtp.capture import KernelCapture
     from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
     from lightning_maxtp.monitor import BottleneckMonitor
