@@ -79,6 +79,107 @@ def _cmd_triage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from lightning_maxtp.pack import JobSpec, load_jobs, plan_pack, run_jobs
+
+    try:
+        if args.jobs is not None and args.commands:
+            raise ValueError(
+                "give the jobs either with --jobs FILE or after --, not both; "
+                "add the commands to the file"
+            )
+        if args.jobs is not None:
+            jobs = load_jobs(args.jobs)
+        elif args.commands:
+            jobs = tuple(
+                JobSpec(cmd, name=f"job{i}", where=f"command {i} after --")
+                for i, cmd in enumerate(args.commands, start=1)
+            )
+        else:
+            raise ValueError(
+                "no jobs given; pass --jobs FILE (one command per line, or JSON), or the "
+                "commands after --, e.g. maxtp pack -- 'python train.py --seed 1' "
+                "'python train.py --seed 2'"
+            )
+        plan = plan_pack(
+            jobs,
+            max_parallel=args.max_parallel,
+            default_gpu_memory_gib=args.gpu_memory_gib,
+            default_cpu_threads=args.cpu_threads,
+            headroom_bytes=int(args.headroom_gib * 2**30),
+        )
+    except ValueError as err:
+        print(f"maxtp: error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan)
+        return 0
+    result = run_jobs(
+        plan,
+        log_dir=args.log_dir,
+        fail_fast=args.fail_fast,
+        retry_oom=args.retry_oom,
+        progress=None if args.quiet else sys.stderr,
+        status_line=args.status or (not args.quiet and sys.stderr.isatty()),
+    )
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    return result.exit_code
+
+
+def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pack = sub.add_parser(
+        "pack",
+        help="run independent jobs concurrently, one or more per free GPU (or CPU share)",
+        description="Run independent jobs (seeds, sweeps, evals) concurrently: each gets a free "
+        "GPU (CUDA_VISIBLE_DEVICES), several share a GPU when their declared memory fits with "
+        "headroom, and without GPUs they share the CPUs (OMP_NUM_THREADS and friends). Each "
+        "job's output goes to its own log. The exit code is the number of failed jobs.",
+        epilog="Jobs file: one shell command per line (# comments), or JSON (YAML with PyYAML): "
+        'a list of commands or of objects {"command", "name", "gpu_memory_gib", "cpu_threads", '
+        '"memory_gib", "cwd", "env"}. Or: maxtp pack -- "python a.py" "python b.py"',
+    )
+    pack.add_argument("commands", nargs="*", help="job command lines (after --), one per job")
+    pack.add_argument("--jobs", default=None, help="jobs file (text, .json, .yaml)")
+    pack.add_argument("--json", action="store_true", help="print the summary as JSON")
+    pack.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    pack.add_argument("--fail-fast", action="store_true", help="stop all jobs at the first failure")
+    pack.add_argument(
+        "--retry-oom", action="store_true", help="rerun a job that ran out of GPU memory, alone"
+    )
+    pack.add_argument(
+        "--log-dir", default=None, help="folder for the logs (default: ./maxtp-pack-logs/<time>)"
+    )
+    pack.add_argument("--max-parallel", type=_positive_int, default=None, help="most jobs at once")
+    pack.add_argument(
+        "--gpu-memory-gib",
+        type=_positive_float,
+        default=None,
+        help="GPU memory of a job that declares none (default: a whole GPU per job)",
+    )
+    pack.add_argument(
+        "--cpu-threads",
+        type=_positive_int,
+        default=None,
+        help="threads of a job that declares none (default: a fair share of the CPUs)",
+    )
+    pack.add_argument(
+        "--headroom-gib", type=float, default=2.5, help="GPU memory kept free (default: 2.5)"
+    )
+    pack.add_argument("--status", action="store_true", help="status line even when not a TTY")
+    pack.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    pack.set_defaults(handler=_cmd_pack)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -125,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tri.add_argument("--json", action="store_true", help="print machine-readable JSON")
     tri.set_defaults(handler=_cmd_triage)
+    _add_pack(sub)
     return parser
 
 

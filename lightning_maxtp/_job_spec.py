@@ -1,0 +1,108 @@
+"""``JobSpec``: one independent job for ``maxtp pack`` (a command and what it declares it needs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+JOB_FIELDS = ("command", "name", "gpu_memory_gib", "cpu_threads", "memory_gib", "cwd", "env")
+"""Fields a job may set, in a jobs file or as ``JobSpec`` arguments."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One independent job: a command and what it declares it needs.
+
+    A string ``command`` runs through ``/bin/sh -c`` (pipes and redirections work); a sequence
+    runs as an argument vector without a shell.
+    """
+
+    command: str | tuple[str, ...]
+    """Shell command line, or an argument vector."""
+    name: str | None = None
+    """Label for logs and tables (default: ``job<N>``)."""
+    gpu_memory_gib: float | None = None
+    """GPU memory the job needs at its peak. ``None``: the job gets a GPU to itself."""
+    cpu_threads: int | None = None
+    """Threads the job may use (``OMP_NUM_THREADS`` and friends). ``None``: a fair share."""
+    memory_gib: float | None = None
+    """Host RAM the job needs at its peak; counted against available RAM. ``None``: not counted."""
+    cwd: str | None = None
+    """Working directory (default: the caller's)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables; they win over the ones pack sets."""
+    where: str = ""
+    """Where the job was declared (``"jobs.json job 3"``), used in error messages."""
+
+    def __post_init__(self) -> None:
+        where = self.where or (f"job {self.name!r}" if self.name else "a job")
+        if isinstance(self.command, str):
+            if not self.command.strip():
+                raise ValueError(f"{where}: `command` is empty; give the command line to run")
+        elif isinstance(self.command, Sequence):
+            argv = tuple(self.command)
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise ValueError(
+                    f"{where}: `command` must be a non-empty string or list of strings, "
+                    f"got {self.command!r}"
+                )
+            object.__setattr__(self, "command", argv)
+        else:
+            raise ValueError(
+                f"{where}: `command` must be a string or a list of strings, got {self.command!r}"
+            )
+        for key in ("gpu_memory_gib", "memory_gib"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise ValueError(
+                    f"{where}: `{key}` must be a number of GiB > 0, got {value!r}; "
+                    f"e.g. {key}=12 for 12 GiB, or leave it out"
+                )
+        threads = self.cpu_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(
+                f"{where}: `cpu_threads` must be an integer >= 1, got {threads!r}; "
+                "leave it out for a fair share of the CPUs"
+            )
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
+            raise ValueError(
+                f"{where}: `env` must map names to strings, got {self.env!r}; "
+                'quote numbers, e.g. {"SEED": "1"}'
+            )
+        object.__setattr__(self, "env", dict(self.env))
+        if self.cwd is not None and not isinstance(self.cwd, str):
+            raise ValueError(f"{where}: `cwd` must be a directory path string, got {self.cwd!r}")
+
+    @property
+    def shell(self) -> bool:
+        """Whether the command runs through ``/bin/sh -c``."""
+        return isinstance(self.command, str)
+
+    @property
+    def command_text(self) -> str:
+        """The command as one line, for tables and logs."""
+        import shlex
+
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view (the jobs-file form)."""
+        return {
+            "command": self.command if isinstance(self.command, str) else list(self.command),
+            "name": self.name,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "cpu_threads": self.cpu_threads,
+            "memory_gib": self.memory_gib,
+            "cwd": self.cwd,
+            "env": dict(self.env),
+        }
+
+    def __str__(self) -> str:
+        return f"{self.name or 'job'}: {self.command_text}"
