@@ -22,8 +22,10 @@ _LAZY = {
     "BottleneckMonitor": "lightning_maxtp.monitor",
     "Diagnosis": "lightning_maxtp.diagnosis",
     "JobContext": "lightning_maxtp.window",
+    "JobSpec": "lightning_maxtp.pack",
     "KernelCapture": "lightning_maxtp.capture",
     "ModelSize": "lightning_maxtp.strategy",
+    "PackResult": "lightning_maxtp.pack",
     "Recommendation": "lightning_maxtp.diagnosis",
     "Resources": "lightning_maxtp.resources",
     "StepClock": "lightning_maxtp.signals",
@@ -33,7 +35,10 @@ _LAZY = {
     "diagnose": "lightning_maxtp.diagnosis",
     "find_batch_size": "lightning_maxtp.batch_size",
     "inspect_resources": "lightning_maxtp.resources",
+    "load_jobs": "lightning_maxtp.pack",
+    "plan_pack": "lightning_maxtp.pack",
     "plan_strategy": "lightning_maxtp.strategy",
+    "run_jobs": "lightning_maxtp.pack",
 }
 
 __all__ = [
@@ -43,8 +48,10 @@ __all__ = [
     "BottleneckMonitor",
     "Diagnosis",
     "JobContext",
+    "JobSpec",
     "KernelCapture",
     "ModelSize",
+    "PackResult",
     "Recommendation",
     "Resources",
     "StepClock",
@@ -55,7 +62,10 @@ __all__ = [
     "diagnose",
     "find_batch_size",
     "inspect_resources",
+    "load_jobs",
+    "plan_pack",
     "plan_strategy",
+    "run_jobs",
 ]
 
 if TYPE_CHECKING:
@@ -64,6 +74,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.capture import KernelCapture
     from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
     from lightning_maxtp.monitor import BottleneckMonitor
+    from lightning_maxtp.pack import JobSpec, PackResult, load_jobs, plan_pack, run_jobs
     from lightning_maxtp.report import ThroughputReport
     from lightning_maxtp.resources import Resources, inspect_resources
     from lightning_maxtp.signals import StepClock
