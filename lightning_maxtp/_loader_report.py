@@ -1,0 +1,234 @@
+"""Words for a ``LoaderPlan``: why this setting, what to do when it is not enough, the table.
+
+Pure text from plain data (no torch). When the best setting is slower than the device's
+consumption rate, the recommendations are the ``data_pipeline`` knobs of the project's triage
+table in order: workers first (what limited them), then pre-encoding and GPU decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lightning_maxtp._loader_search import (
+    MIN_GAIN,
+    TARGET_MARGIN,
+    LoaderCandidate,
+    SearchResult,
+)
+
+if TYPE_CHECKING:
+    from lightning_maxtp.loader import LoaderBudget, LoaderPlan
+
+__all__ = ["Explanation", "explain", "format_plan"]
+
+MIB = 2**20
+
+PRE_ENCODE = (
+    "pre-encode the data set once (decoded and resized to the training resolution, stored as "
+    "uint8 arrays or a sharded format such as LitData, WebDataset or FFCV) so that workers skip "
+    "decoding"
+)
+GPU_DECODE = (
+    "decode and augment on the GPU (torchvision.io.decode_jpeg(..., device='cuda'), NVIDIA "
+    "DALI), which takes the per-sample work off the CPUs"
+)
+CHEAPER = "make each sample cheaper: store smaller images, use cheaper augmentations"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The reason sentence, the shortfall and the recommendations of a plan."""
+
+    reason: str
+    shortfall: float | None
+    recommendations: tuple[str, ...]
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _workers(n: int) -> str:
+    return "the main process" if n == 0 else f"{n} worker{'s' if n != 1 else ''}"
+
+
+def _cap_detail(budget: LoaderBudget) -> str:
+    if budget.limited_by == "memory" and budget.worker_memory_bytes:
+        return (
+            f"RAM: each worker uses {budget.worker_memory_bytes / MIB:,.0f} MiB and "
+            f"{(budget.memory_bytes or 0) / MIB:,.0f} MiB are set aside for workers, so "
+            f"{budget.memory_workers} fit"
+        )
+    if budget.limited_by == "shm" and budget.batch_bytes:
+        return (
+            f"/dev/shm: {budget.batch_bytes / MIB:,.1f} MiB per batch in flight, "
+            f"{(budget.shm_bytes or 0) / MIB:,.0f} MiB set aside, so {budget.shm_workers} fit"
+        )
+    return f"the CPU budget: {budget.cpu_workers} worker(s) ({budget.cpu_source})"
+
+
+def _at_cap(result: SearchResult, budget: LoaderBudget, chosen: LoaderCandidate) -> str:
+    """How growth met the cap: ``gaining`` (the last step still gained), ``untried`` or ``""``."""
+    if result.stop != "cap" or budget.max_workers > chosen.num_workers:
+        return ""
+    steps = [c for c in result.candidates if c.num_workers and c.prefetch_factor == 2]
+    steps = [c for c in steps if c.complete and not c.note]
+    if len(steps) >= 2 and steps[-1].samples_per_s >= steps[-2].samples_per_s * MIN_GAIN:
+        return "gaining"
+    return "untried"
+
+
+def _why(result: SearchResult, budget: LoaderBudget, chosen: LoaderCandidate) -> str:
+    eligible = [c for c in result.candidates if c.complete and not c.note]
+    workers = [c for c in eligible if c.num_workers > 0]
+    if chosen.num_workers == 0:
+        if not workers:
+            if budget.max_workers == 0:
+                return f"loading stays in the main process: {_cap_detail(budget)} leaves none"
+            return (
+                "loading stays in the main process: the time budget ended the search before "
+                "a worker setting was measured in full"
+            )
+        top = max(workers, key=lambda c: c.expected_rate)
+        return (
+            f"loading in the main process is fastest ({_rate(chosen.samples_per_s)} samples/s); "
+            f"the best with workers was {_rate(top.samples_per_s)} samples/s with "
+            f"{_workers(top.num_workers)}, so workers do not measurably help"
+        )
+    verb = "gives" if chosen.num_workers == 1 else "give"
+    text = f"{_workers(chosen.num_workers)} {verb} {_rate(chosen.samples_per_s)} samples/s"
+    smaller = [c for c in eligible if c.num_workers < chosen.num_workers]
+    if smaller:
+        below = max(smaller, key=lambda c: c.key())
+        text += f" ({_workers(below.num_workers)}: {_rate(below.samples_per_s)})"
+    larger = [c for c in eligible if c.key() > chosen.key()]
+    over = [c for c in result.candidates if c.note.startswith("over")]
+    at_cap = _at_cap(result, budget, chosen)
+    if at_cap == "gaining":
+        text += f"; more workers were still paying off, but the cap is {_cap_detail(budget)}"
+    elif at_cap == "untried":
+        text += f"; no more workers were tried: the cap is {_cap_detail(budget)}"
+    elif larger:
+        above = max(larger, key=lambda c: c.expected_rate)
+        gain = above.expected_rate / chosen.expected_rate - 1 if chosen.expected_rate else 0.0
+        text += (
+            f"; {_workers(above.num_workers)} (prefetch {above.prefetch_factor}) gave "
+            f"{gain:+.0%}, under the {MIN_GAIN - 1:.0%} needed to add more"
+        )
+    if over:
+        first = min(over, key=lambda c: c.key())
+        text += f"; {_workers(first.num_workers)} went {first.note}"
+    if chosen.prefetch_factor and chosen.prefetch_factor > 2:
+        text += f"; prefetch_factor {chosen.prefetch_factor} gained >= {MIN_GAIN - 1:.0%}"
+    return text
+
+
+def explain(
+    result: SearchResult,
+    budget: LoaderBudget,
+    consumption_rate: float | None,
+    persistent_why: str,
+) -> Explanation:
+    """The reason, shortfall and recommendations for a search result."""
+    chosen = result.chosen
+    if chosen is None:
+        slowest = max((c.startup_s for c in result.candidates), default=0.0)
+        return Explanation(
+            f"no setting could be measured within the {budget.time_budget_s:g} s time budget "
+            f"(the first batch took {slowest:.1f} s); the loader's own settings are kept; "
+            "pass a larger `time_budget_s`",
+            None,
+            (),
+        )
+    if result.target_met and consumption_rate is not None:
+        reason = (
+            f"{_workers(chosen.num_workers)} reach{'es' if chosen.num_workers <= 1 else ''} "
+            f"{TARGET_MARGIN:g}x the consumption rate ({_rate(chosen.samples_per_s)} vs target "
+            f"{_rate(TARGET_MARGIN * consumption_rate)} samples/s)"
+        )
+        smaller = [c for c in result.candidates if c.complete and c.key() < chosen.key()]
+        if smaller:
+            below = max(smaller, key=lambda c: c.key())
+            reason += f"; {_workers(below.num_workers)} gave {_rate(below.samples_per_s)}"
+    else:
+        reason = _why(result, budget, chosen)
+    if result.stop == "time" and "time budget" not in reason:
+        reason += "; the time budget ended the search"
+    shortfall = None
+    recommendations: list[str] = []
+    if consumption_rate is not None and not result.target_met:
+        fastest = max(c.samples_per_s for c in result.candidates if c.complete and not c.note)
+        if fastest < consumption_rate:
+            shortfall = 1.0 - fastest / consumption_rate
+            reason += (
+                f". Even the fastest setting ({_rate(fastest)} samples/s) is {shortfall:.0%} "
+                f"short of the {_rate(consumption_rate)} samples/s the device consumes"
+            )
+            at_cap = _at_cap(result, budget, chosen)
+            if at_cap:
+                helps = "would still help" if at_cap == "gaining" else "may help (not tried)"
+                recommendations.append(
+                    f"num_workers: more than {budget.max_workers} {helps}, but the cap is "
+                    f"{_cap_detail(budget)}; give each device process more of it"
+                )
+            recommendations += [PRE_ENCODE, GPU_DECODE, CHEAPER]
+        else:
+            reason += (
+                f". The loader keeps up with the consumption rate ({_rate(consumption_rate)} "
+                f"samples/s) but without the {TARGET_MARGIN - 1:.0%} margin"
+            )
+    if persistent_why:
+        reason += f". {persistent_why[0].upper()}{persistent_why[1:]}"
+    return Explanation(reason + ".", shortfall, tuple(recommendations))
+
+
+def format_plan(plan: LoaderPlan) -> str:
+    """A readable summary: settings, rate vs target, why, budget, then every candidate."""
+    changes = ", ".join(plan.changes()) or "no change"
+    threads = f", {plan.worker_threads} thread(s) per worker" if plan.num_workers else ""
+    lines = [f"LoaderPlan: {changes} (pin_memory={plan.pin_memory}{threads})"]
+    rate = f"  measured {_rate(plan.samples_per_s)} samples/s alone"
+    if plan.num_workers:
+        rate += f", workers start in {plan.startup_s:.2f} s"
+    if plan.consumption_rate is not None:
+        status = "reached" if plan.target_met else "not reached"
+        if plan.shortfall is not None:
+            status = f"{plan.shortfall:.0%} short of consumption"
+        rate += (
+            f"; consumption {_rate(plan.consumption_rate)}/s, target "
+            f"{_rate(plan.target_rate or 0)}/s: {status}"
+        )
+    b = plan.budget
+    mem = "?" if b.memory_bytes is None else f"{b.memory_bytes / MIB:,.0f} MiB"
+    shm = "?" if b.shm_bytes is None else f"{b.shm_bytes / MIB:,.0f} MiB"
+    per = (
+        ""
+        if b.worker_memory_bytes is None
+        else f" (largest worker {b.worker_memory_bytes / MIB:,.0f} MiB)"
+    )
+    lines += [
+        rate,
+        f"  why: {plan.reason}",
+        f"  budget: {b.max_workers} worker(s), limited by {b.limited_by} ({b.cpu_source}); "
+        f"RAM for workers {mem}{per}, /dev/shm {shm}; tuned in {plan.elapsed_s:.1f} s of "
+        f"{b.time_budget_s:g} s",
+    ]
+    if plan.diagnosis_kind:
+        lines.append(f"  diagnosis: {plan.diagnosis_kind}")
+        lines += [f"    - {r}" for r in plan.recommendations]
+    lines += [f"  note: {n}" for n in plan.notes]
+    lines.append(
+        f"  {'workers':>7} {'prefetch':>8} {'samples/s':>10} {'expected/s':>10} "
+        f"{'start s':>7} {'batches':>7} {'worker MiB':>10}  note"
+    )
+    for c in plan.candidates:
+        mib = "-" if c.worker_memory_bytes is None else f"{c.worker_memory_bytes / MIB:,.0f}"
+        mark = " <-" if (c.num_workers, c.prefetch_factor) == (
+            plan.num_workers, plan.prefetch_factor) else ""  # fmt: skip
+        lines.append(
+            f"  {c.num_workers:>7} {c.prefetch_factor or '-':>8} {_rate(c.samples_per_s):>10} "
+            f"{_rate(c.expected_rate):>10} {c.startup_s:>7.2f} {c.timed_batches:>7} {mib:>10}  "
+            f"{c.note}{mark}"
+        )
+    return "\n".join(lines)

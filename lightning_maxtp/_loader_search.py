@@ -1,0 +1,362 @@
+"""The search behind ``tune_dataloader``: which DataLoader settings to measure, and which to keep.
+
+Pure: it calls a ``measure(num_workers, prefetch_factor)`` function it is given (which runs the
+real loader, see ``_loader_measure``) and decides from the numbers alone, so the rule can be
+tested with canned measurements. The rule, from the project's seeds:
+
+1. Measure loading in the main process (``num_workers=0``): the reference, and the winner for
+   data sets so cheap that handing batches between processes costs more than it saves.
+2. Grow workers 1, 2, 4, 8, ... while each step gains >= 5 % (a step that looks flat is
+   measured again, both sides, before growth stops); stop as soon as the loader reaches 1.25x
+   the consumption rate (when known); never beyond the worker cap (CPU budget, RAM and
+   ``/dev/shm`` measured per worker).
+3. Bisect between the last two counts for the fewest workers within 5 % of the best (or the
+   fewest that reach the target), so doubling never buys workers that do not measurably help.
+4. At that count, try a deeper prefetch (4 instead of 2); keep it only if it gains >= 5 %.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = [
+    "MIN_GAIN",
+    "TARGET_MARGIN",
+    "LoaderCandidate",
+    "SearchResult",
+    "expected_rate",
+    "meets_target",
+    "search",
+]
+
+MIN_GAIN = 1.05
+"""A change is kept only if it is at least 5 % faster (the project's keep-threshold)."""
+TARGET_MARGIN = 1.25
+"""The loader should outrun the device's consumption rate by this factor."""
+DEFAULT_PREFETCH = 2
+DEEP_PREFETCH = 4
+MIN_TIMED_BATCHES = 3
+"""A candidate with fewer timed batches than this is reported but never chosen."""
+
+
+@dataclass(frozen=True)
+class LoaderCandidate:
+    """One DataLoader setting as measured alone (no training), warm-up excluded.
+
+    Attributes:
+        num_workers: Worker processes (0: loading in the main process).
+        prefetch_factor: Batches each worker loads ahead (``None`` without workers).
+        pin_memory: Whether batches were copied to page-locked memory.
+        samples_per_s: Steady-state samples/s of the loader alone.
+        startup_s: From ``iter(loader)`` to the first batch: worker start-up plus one batch.
+        timed_batches: Batches in the timed window.
+        timed_s: Seconds of the timed window.
+        main_thread_s_per_sample: Time the training process's main thread spends per sample to
+            get it (all of the loading with 0 workers; receiving the batch with workers). It is
+            serial with the training step, so it counts against the consumption rate.
+        worker_memory_bytes: Memory of the largest worker (USS: what it holds alone), if any.
+        batch_bytes: Bytes of tensors in one batch (what sits in ``/dev/shm`` per batch).
+        expected_rate: Samples/s training can reach with this setting,
+            ``min(loader, 1 / (main thread + 1 / consumption))``. Without a consumption rate:
+            the loader's rate with workers, and with 0 workers the same formula for a device
+            as fast as the fastest loader setting measured.
+        note: Why the candidate was not eligible, if it was not.
+    """
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    samples_per_s: float
+    startup_s: float
+    timed_batches: int
+    timed_s: float
+    main_thread_s_per_sample: float
+    worker_memory_bytes: int | None = None
+    batch_bytes: int | None = None
+    expected_rate: float = 0.0
+    note: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Whether enough batches were timed for the rate to mean something."""
+        return self.timed_batches >= MIN_TIMED_BATCHES
+
+    def key(self) -> tuple[int, int]:
+        """Sort key "cheapest first": fewer workers, then shallower prefetch."""
+        return self.num_workers, self.prefetch_factor or 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {**asdict(self), "complete": self.complete}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search measured, what it chose and why it stopped."""
+
+    candidates: tuple[LoaderCandidate, ...]
+    chosen: LoaderCandidate | None
+    cpu_workers: int
+    memory_workers: int | None
+    """Worker cap from RAM (``None`` until a worker's memory was measured or without a budget)."""
+    shm_workers: int | None
+    stop: str
+    """Why growing workers stopped: ``target``, ``no_gain``, ``cap`` or ``time``."""
+    target_met: bool
+    device_rate: float | None = None
+    """The rate ``expected_rate`` assumed for the device: the consumption rate or the fastest
+    loader rate measured."""
+
+    @property
+    def max_workers(self) -> int:
+        """The binding worker cap."""
+        caps = [self.cpu_workers, self.memory_workers, self.shm_workers]
+        return min(c for c in caps if c is not None)
+
+    @property
+    def limited_by(self) -> str:
+        """Which cap binds: ``cpu``, ``memory`` or ``shm`` (the first of equals)."""
+        caps = [("cpu", self.cpu_workers), ("memory", self.memory_workers)]
+        caps.append(("shm", self.shm_workers))
+        return min((v, i, k) for i, (k, v) in enumerate(caps) if v is not None)[2]
+
+
+def expected_rate(candidate: LoaderCandidate, consumption_rate: float | None) -> float:
+    """Samples/s a training loop can reach with ``candidate`` feeding a consumer of that rate.
+
+    The main thread's share of loading is serial with the step; the workers' share overlaps.
+    """
+    rate = candidate.samples_per_s
+    if consumption_rate is None or rate <= 0:
+        return rate
+    serial = candidate.main_thread_s_per_sample + 1.0 / consumption_rate
+    return min(rate, 1.0 / serial)
+
+
+def meets_target(candidate: LoaderCandidate, consumption_rate: float | None) -> bool:
+    """The loader alone outruns the consumption rate by 1.25x.
+
+    Loading in the main process must also cost the step less than 5 %, since it is serial
+    with it. With workers, the hand-off of each batch costs the same whatever their number,
+    so it cannot decide how many workers are needed.
+    """
+    if consumption_rate is None or not candidate.complete:
+        return False
+    if candidate.samples_per_s < TARGET_MARGIN * consumption_rate:
+        return False
+    serial = expected_rate(candidate, consumption_rate)
+    return candidate.num_workers > 0 or serial * MIN_GAIN >= consumption_rate
+
+
+class _Search:
+    def __init__(
+        self,
+        measure: Callable[[int, int | None], LoaderCandidate | None],
+        *,
+        cpu_workers: int,
+        consumption_rate: float | None,
+        memory_bytes: int | None,
+        shm_bytes: int | None,
+    ) -> None:
+        self.measure, self.consumption = measure, consumption_rate
+        self.cpu_workers, self.memory_bytes, self.shm_bytes = cpu_workers, memory_bytes, shm_bytes
+        self.memory_workers: int | None = None
+        self.shm_workers: int | None = None
+        self.tried: list[LoaderCandidate] = []
+        self.out_of_time = False
+
+    @property
+    def cap(self) -> int:
+        caps = [self.cpu_workers, self.memory_workers, self.shm_workers]
+        return min(c for c in caps if c is not None)
+
+    @property
+    def device_rate(self) -> float | None:
+        """The consumption rate, or else the fastest loader rate measured (see ``search``)."""
+        if self.consumption is not None:
+            return self.consumption
+        return max((c.samples_per_s for c in self.tried if c.complete), default=None)
+
+    def scored(self, c: LoaderCandidate) -> LoaderCandidate:
+        if self.consumption is None and c.num_workers > 0:
+            # The hand-off costs the same with any number of workers: without a real device
+            # rate to weigh it against, worker settings compare by the loader's own rate.
+            return replace(c, expected_rate=c.samples_per_s)
+        return replace(c, expected_rate=expected_rate(c, self.device_rate))
+
+    def run(self, workers: int, prefetch: int | None) -> LoaderCandidate | None:
+        for c in self.tried:
+            if (c.num_workers, c.prefetch_factor) == (workers, prefetch):
+                return self.scored(c)
+        if self.out_of_time:
+            return None
+        candidate = self.measure(workers, prefetch)
+        if candidate is None:
+            self.out_of_time = True
+            return None
+        self._update_caps(candidate)
+        if candidate.num_workers > self.cap:
+            candidate = replace(candidate, note=self._over_cap_note())
+        elif not candidate.complete:
+            candidate = replace(candidate, note="too few batches timed (time budget)")
+        self.tried.append(candidate)
+        return self.scored(candidate)
+
+    def confirm(
+        self, previous: LoaderCandidate, current: LoaderCandidate
+    ) -> tuple[LoaderCandidate, LoaderCandidate]:
+        """Measure both again and keep each one's faster run before calling a step flat.
+
+        Another job's burst of CPU use only ever slows a measurement down, so a busy moment
+        can hide a real gain but not invent one.
+        """
+        result = []
+        for first in (current, previous):
+            again = None
+            if not self.out_of_time:
+                again = self.measure(first.num_workers, first.prefetch_factor)
+            if again is None:
+                self.out_of_time = True
+                result.append(first)
+                continue
+            self._update_caps(again)
+            kept = first
+            if again.complete and again.samples_per_s > first.samples_per_s:
+                index = next(i for i, c in enumerate(self.tried) if c.key() == first.key())
+                kept = self.tried[index] = replace(again, note=self.tried[index].note)
+            result.append(self.scored(kept))
+        return result[1], result[0]
+
+    def _update_caps(self, c: LoaderCandidate) -> None:
+        if c.num_workers == 0:
+            return
+        per_worker = max(x.worker_memory_bytes or 0 for x in [*self.tried, c])
+        if self.memory_bytes is not None and per_worker > 0:
+            self.memory_workers = int(self.memory_bytes // per_worker)
+        if self.shm_bytes is not None and c.batch_bytes:
+            in_flight = (c.prefetch_factor or DEFAULT_PREFETCH) * c.batch_bytes
+            self.shm_workers = int(self.shm_bytes // in_flight)
+
+    def _over_cap_note(self) -> str:
+        if self.memory_workers is not None and self.memory_workers == self.cap:
+            return f"over the RAM budget ({self.memory_workers} workers fit)"
+        return f"over the /dev/shm budget ({self.shm_workers} workers fit)"
+
+    def eligible(self) -> list[LoaderCandidate]:
+        """Complete candidates within the caps, scored as of now."""
+        return [self.scored(c) for c in self.tried if c.complete and c.num_workers <= self.cap]
+
+    def good_enough(self) -> Callable[[LoaderCandidate], bool]:
+        """The test a chosen setting must pass, given everything measured so far."""
+        eligible = self.eligible()
+        if any(meets_target(c, self.consumption) for c in eligible):
+            return lambda c: meets_target(self.scored(c), self.consumption)
+        best = max((c.expected_rate for c in eligible), default=0.0)
+        return lambda c: c.complete and self.scored(c).expected_rate * MIN_GAIN >= best
+
+    def grow(self) -> str:
+        base = self.run(0, None)
+        if base is not None and meets_target(base, self.consumption):
+            return "target"
+        previous: LoaderCandidate | None = None
+        workers = 1
+        while workers <= self.cap:
+            current = self.run(workers, DEFAULT_PREFETCH)
+            if current is None:
+                return "time"
+            if meets_target(current, self.consumption):
+                return "target"
+            if previous is not None and current.samples_per_s < previous.samples_per_s * MIN_GAIN:
+                previous, current = self.confirm(previous, current)
+                if current.samples_per_s < previous.samples_per_s * MIN_GAIN:
+                    return "no_gain"
+            if workers >= self.cap:
+                return "cap"
+            previous, workers = current, min(2 * workers, self.cap)
+        return "time" if self.out_of_time else "cap"
+
+    def trim(self) -> None:
+        """Bisect for the fewest workers that pass ``good_enough`` (at the default prefetch)."""
+        while not self.out_of_time:
+            passing = self.good_enough()
+            plain = {
+                c.num_workers: c
+                for c in self.eligible()
+                if c.prefetch_factor == (None if c.num_workers == 0 else DEFAULT_PREFETCH)
+            }
+            good = sorted(w for w, c in plain.items() if passing(c))
+            if not good:
+                return
+            hi = good[0]
+            lo = max((w for w in plain if w < hi), default=0)
+            mid = (lo + hi) // 2
+            if hi - lo <= 1 or any(c.num_workers == mid for c in self.tried):
+                return
+            self.run(mid, DEFAULT_PREFETCH)
+
+    def choose(self) -> LoaderCandidate | None:
+        passing = self.good_enough()
+        good = [c for c in self.eligible() if passing(c)]
+        return min(good, key=LoaderCandidate.key) if good else None
+
+
+def search(
+    measure: Callable[[int, int | None], LoaderCandidate | None],
+    *,
+    cpu_workers: int,
+    consumption_rate: float | None = None,
+    memory_bytes: int | None = None,
+    shm_bytes: int | None = None,
+    try_deep_prefetch: bool = True,
+) -> SearchResult:
+    """Measure settings by the rule in the module docstring and pick the cheapest good one.
+
+    Settings are compared by ``expected_rate``: what training reaches when the main thread's
+    share of loading is serial with the step. Without a consumption rate, worker settings
+    compare by the loader's own rate, and loading in the main process is scored against a
+    device as fast as the fastest loader setting measured: it then wins only when it is more
+    than about twice as fast as with workers (the loader-alone rate cannot show that workers
+    overlap with the step; this assumption does).
+
+    Args:
+        measure: Runs the loader with ``(num_workers, prefetch_factor)``; returns ``None`` when
+            the time budget does not allow another measurement.
+        cpu_workers: Worker cap from the CPU budget.
+        consumption_rate: Samples/s the training step consumes, if known.
+        memory_bytes: RAM the workers may use together (``None``: unlimited).
+        shm_bytes: ``/dev/shm`` the in-flight batches may use (``None``: unlimited).
+        try_deep_prefetch: Whether to try ``prefetch_factor=4`` at the chosen worker count.
+
+    Returns:
+        Every candidate in the order measured (scored), the chosen one and why growing stopped.
+    """
+    s = _Search(
+        measure,
+        cpu_workers=cpu_workers,
+        consumption_rate=consumption_rate,
+        memory_bytes=memory_bytes,
+        shm_bytes=shm_bytes,
+    )
+    stop = s.grow()
+    s.trim()
+    chosen = s.choose()
+    target_met = chosen is not None and meets_target(chosen, consumption_rate)
+    if try_deep_prefetch and chosen is not None and chosen.num_workers > 0 and not target_met:
+        deep = s.run(chosen.num_workers, DEEP_PREFETCH)
+        if deep is not None and deep.complete and deep.num_workers <= s.cap:
+            deep, chosen = s.scored(deep), s.scored(chosen)
+            if deep.expected_rate >= chosen.expected_rate * MIN_GAIN:
+                chosen = deep
+                target_met = meets_target(chosen, consumption_rate)
+    return SearchResult(
+        candidates=tuple(s.scored(c) for c in s.tried),
+        chosen=None if chosen is None else s.scored(chosen),
+        cpu_workers=cpu_workers,
+        memory_workers=s.memory_workers,
+        shm_workers=s.shm_workers,
+        stop=stop,
+        target_met=target_met,
+        device_rate=s.device_rate,
+    )

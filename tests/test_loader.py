@@ -1,0 +1,219 @@
+"""``tune_dataloader`` on real DataLoaders with real worker processes.
+
+This machine has 2 cores shared with other jobs, so rates are noisy: comparisons with the
+exhaustive sweep use the best of interleaved rounds (a busy neighbour only ever slows a round
+down), and the curves that need more workers than cores to show a knee wait on "storage" (sleep
+under a semaphore) instead of computing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_maxtp._loader_measure import sweep
+from lightning_maxtp.loader import LoaderPlan, tune_dataloader
+from tests.helpers.loader_data import (
+    DecodeDataset,
+    MemoryHogDataset,
+    SleepDataset,
+    UnpicklableDataset,
+    release_hogs,
+)
+from tests.helpers.runif import RunIf
+
+MIB = 2**20
+
+
+def best_rates(loader: DataLoader, grid: list[tuple[int, int | None]], **kwargs: float) -> dict:
+    results = sweep(loader, grid, **kwargs)  # type: ignore[arg-type]
+    return {setting: max(c.samples_per_s for c in runs) for setting, runs in results.items()}
+
+
+def chosen(plan: LoaderPlan) -> tuple[int, int | None]:
+    return plan.num_workers, plan.prefetch_factor
+
+
+def test_storage_bound_plan_finds_the_knee_and_matches_the_exhaustive_sweep() -> None:
+    # "Storage" serving 3 reads at once: the rate grows to 3 workers, then stays flat.
+    loader = DataLoader(SleepDataset(2400, sleep_s=0.004, limit=3), batch_size=8, shuffle=True)
+    plan = tune_dataloader(loader, max_workers=6, time_budget_s=6)
+    grid = [(0, None)] + [(w, p) for w in range(1, 7) for p in (2, 4)]
+    rates = best_rates(loader, grid, rounds=2, slice_s=0.2)
+    best = max(rates.values())
+    why = (str(plan), rates)
+    assert rates[(2, 2)] < 0.85 * best, why  # the curve has its knee above 2 workers
+    assert 3 <= plan.num_workers <= 4, why  # the knee, not the cap of 6
+    if rates[chosen(plan)] < 0.9 * best:
+        # A neighbour's burst can slow both sweep rounds of one setting: check it paired.
+        top = max(rates, key=rates.__getitem__)
+        pair = sweep(loader, [chosen(plan), top], rounds=3, slice_s=0.2)
+        ratios = [
+            a.samples_per_s / b.samples_per_s
+            for a, b in zip(pair[chosen(plan)], pair[top], strict=True)
+        ]
+        assert statistics.median(ratios) >= 0.9 - (max(ratios) - min(ratios)) / 2, (why, ratios)
+    assert plan.elapsed_s <= 6 + 1.0
+    assert [c.num_workers for c in plan.candidates][:4] == [0, 1, 2, 4], why
+
+
+def test_cpu_heavy_decode_plan_matches_the_exhaustive_sweep() -> None:
+    # JPEG decode + crop + flip: CPU-bound, so on 2 cores at most 2 workers can help. The probe
+    # would give 1 (one core stays with training); here the loader gets the whole machine.
+    loaded_before = oversubscribed()
+    loader = DataLoader(DecodeDataset(count=48), batch_size=8, shuffle=True)
+    plan = tune_dataloader(loader, max_workers=2, time_budget_s=4)
+    grid: list[tuple[int, int | None]] = [(0, None), (1, 2), (1, 4), (2, 2), (2, 4)]
+    rates = best_rates(loader, grid, rounds=2, slice_s=0.3)
+    best = max(rates, key=rates.__getitem__)
+    assert plan.num_workers >= 1, str(plan)  # workers overlap decoding with the step
+    if best != chosen(plan):
+        # Compare the two again, paired A/B/A/B, to the precision the pairs show (half their
+        # spread). When other jobs oversubscribe these 2 cores, the best setting itself moves
+        # with their load between tuning and checking: only a sanity bound is checked then.
+        pair = sweep(loader, [chosen(plan), best], rounds=4, slice_s=0.3)
+        ratios = [
+            a.samples_per_s / b.samples_per_s
+            for a, b in zip(pair[chosen(plan)], pair[best], strict=True)
+        ]
+        noise = (max(ratios) - min(ratios)) / 2
+        floor = 0.6 if loaded_before or oversubscribed() else 0.9
+        assert statistics.median(ratios) >= floor - noise, (str(plan), rates, ratios)
+
+
+def oversubscribed() -> bool:
+    """Whether other jobs keep more runnable threads than this machine has cores."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1)
+
+
+def test_cheap_in_memory_dataset_keeps_loading_in_the_main_process() -> None:
+    data = TensorDataset(torch.randn(4096, 8), torch.arange(4096))
+    loader = DataLoader(data, batch_size=64, shuffle=True)
+    plan = tune_dataloader(loader, max_workers=2, time_budget_s=2)
+    assert chosen(plan) == (0, None) and plan.persistent_workers is False, str(plan)
+    assert {c.num_workers for c in plan.candidates} >= {0, 1}  # workers were tried, and lost
+    assert "workers do not measurably help" in plan.reason
+    assert plan.changes() == []
+
+
+@pytest.fixture
+def unpicklable(tmp_path) -> Iterator[UnpicklableDataset]:  # type: ignore[no-untyped-def]
+    path = tmp_path / "store.bin"
+    path.write_bytes(b"data")
+    dataset = UnpicklableDataset(str(path))
+    yield dataset
+    dataset.close()
+
+
+def test_unpicklable_dataset_under_spawn_names_the_attribute(unpicklable) -> None:  # type: ignore[no-untyped-def]
+    loader = DataLoader(unpicklable, batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    expected = (
+        r"`loader\.dataset\.store\.handle` \(a `_io\.BufferedReader`\) cannot be pickled, so "
+        r"DataLoader workers started with 'spawn' cannot receive it \(cannot pickle "
+        r"'_io\.BufferedReader' object\)\. Fix: create it inside the worker"
+    )
+    with pytest.raises(ValueError, match=expected):
+        tune_dataloader(loader, max_workers=2, time_budget_s=5)
+
+
+def test_unpicklable_collate_fn_is_named_too() -> None:
+    loader = DataLoader(
+        list(range(8)),
+        batch_size=2,
+        collate_fn=lambda b: b,
+        num_workers=1,
+        multiprocessing_context="forkserver",
+    )
+    with pytest.raises(
+        ValueError, match=r"`loader\.collate_fn` \(a `builtins\.function`\).*'forkserver'.*lambdas"
+    ):
+        tune_dataloader(loader, max_workers=1)
+
+
+@pytest.fixture
+def hogs() -> Iterator[None]:
+    yield
+    release_hogs()
+
+
+def test_memory_heavy_workers_get_fewer_workers_with_the_reason(hogs: None) -> None:
+    dataset = MemoryHogDataset(96 * MIB, size=160, sleep_s=0.003)
+    loader = DataLoader(dataset, batch_size=8)
+    plan = tune_dataloader(loader, max_workers=6, memory_budget_bytes=250 * MIB, time_budget_s=4)
+    budget = plan.budget
+    assert budget.worker_memory_bytes is not None and budget.worker_memory_bytes >= 96 * MIB
+    assert budget.limited_by == "memory" and budget.memory_workers == 2, str(plan)
+    assert max(c.num_workers for c in plan.candidates) <= 2
+    assert plan.num_workers == 2  # sleeping loads: 2 workers beat 1 by far
+    assert re.search(r"RAM: each worker uses \d+ MiB and 250 MiB are set aside", plan.reason)
+
+
+def test_tuning_respects_its_time_budget_and_restores_random_state() -> None:
+    loader = DataLoader(SleepDataset(64, sleep_s=0.02), batch_size=4, shuffle=True)
+    torch.manual_seed(3)
+    state = torch.random.get_rng_state()
+    start = time.perf_counter()
+    plan = tune_dataloader(loader, max_workers=8, time_budget_s=1.0)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0 + 1.5  # one batch past the deadline, then worker shutdown
+    assert plan.elapsed_s <= elapsed and plan.budget.time_budget_s == 1.0
+    assert "the time budget ended the search" in plan.reason, str(plan)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_consumption_target_is_reached_with_the_fewest_workers() -> None:
+    # ~470 samples/s per worker; the device takes 520/s, so the target is 650/s: 2 workers
+    # (1 worker is 28 % under the target, 2 are 45 % over: room for a busy neighbour).
+    loader = DataLoader(SleepDataset(256, sleep_s=0.002), batch_size=8)
+    plan = tune_dataloader(loader, consumption_rate=520.0, max_workers=6, time_budget_s=5)
+    assert plan.target_met is True and plan.shortfall is None, str(plan)
+    assert plan.diagnosis_kind is None
+    assert plan.num_workers == 2 and plan.samples_per_s >= 650, str(plan)
+    assert "2 workers reach 1.25x the consumption rate" in plan.reason
+
+
+def test_shortfall_gives_a_data_pipeline_recommendation() -> None:
+    loader = DataLoader(SleepDataset(128, sleep_s=0.002), batch_size=8)
+    plan = tune_dataloader(loader, consumption_rate=50_000.0, max_workers=2, time_budget_s=3)
+    assert plan.target_met is False and plan.diagnosis_kind == "data_pipeline"
+    assert plan.shortfall is not None and plan.shortfall > 0.9
+    assert re.search(r"is \d+% short of the 50,000 samples/s the device consumes", plan.reason)
+    assert plan.recommendations[0].startswith("num_workers: more than 2 would still help")
+    assert any("pre-encode" in r for r in plan.recommendations)
+    assert any("device='cuda'" in r for r in plan.recommendations)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["diagnosis_kind"] == "data_pipeline" and data["target_rate"] == 62_500.0
+    assert data["changes"][:2] == [
+        "num_workers: 0 -> 2",
+        f"prefetch_factor: None -> {plan.prefetch_factor}",  # 4 only if it gained >= 5 %
+    ]
+    text = str(plan)
+    assert "diagnosis: data_pipeline" in text and "workers prefetch" in text
+
+
+def test_invalid_arguments_name_the_argument_and_the_fix() -> None:
+    loader = DataLoader(list(range(4)))
+    with pytest.raises(ValueError, match=r"`time_budget_s` must be > 0, got -1; e.g. pass 15"):
+        tune_dataloader(loader, time_budget_s=-1)
+    with pytest.raises(ValueError, match=r"`consumption_rate` must be > 0 samples/s or None"):
+        tune_dataloader(loader, consumption_rate=0)
+    with pytest.raises(ValueError, match=r"`loader` must be a torch DataLoader, got list"):
+        tune_dataloader([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`loader` yielded no batch"):
+        tune_dataloader(DataLoader([]), max_workers=0)
+
+
+@RunIf(min_cuda_gpus=1)
+def test_gpu_host_pins_memory_in_every_candidate() -> None:
+    loader = DataLoader(SleepDataset(512, sleep_s=0.001), batch_size=16)
+    plan = tune_dataloader(loader, consumption_rate=2_000.0, time_budget_s=5)
+    assert plan.pin_memory is True and all(c.pin_memory for c in plan.candidates)
+    assert plan.budget.cpu_workers >= 1 and plan.num_workers >= 1, str(plan)

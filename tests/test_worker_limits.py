@@ -1,0 +1,63 @@
+"""``WorkerThreadLimit``: caps thread pools in real workers, then runs the user's own init."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from functools import partial
+from multiprocessing import resource_tracker
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_maxtp._worker_limits import WorkerThreadLimit, unwrap_worker_init_fn
+from tests.helpers.loader_data import ThreadsDataset, thread_report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker() -> Iterator[None]:
+    # Spawn-context queues start multiprocessing's resource tracker, which lives as long as
+    # this process; starting it before the per-test leak check keeps it out of "leaked".
+    resource_tracker.ensure_running()
+    yield
+
+
+def rows(loader: DataLoader) -> list[tuple[int, ...]]:
+    return [tuple(int(v) for v in item) for item in loader]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_limits_threads_then_runs_the_users_init(method: str) -> None:
+    before = os.environ.get("OMP_NUM_THREADS")
+    loader = DataLoader(
+        ThreadsDataset(),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context=method,
+        worker_init_fn=WorkerThreadLimit(2, thread_report),
+    )
+    # (index, torch threads, OMP_NUM_THREADS, threads the user's init saw): the user's function
+    # ran after the limits, in the worker, under both start methods.
+    assert rows(loader) == [(i, 2, 2, 2) for i in range(4)]
+    assert os.environ.get("OMP_NUM_THREADS") == before  # only the worker was limited
+
+
+def test_without_a_limit_workers_keep_torchs_single_thread() -> None:
+    loader = DataLoader(
+        ThreadsDataset(), batch_size=None, num_workers=1, worker_init_fn=thread_report
+    )
+    first = rows(loader)[0]
+    assert first[1] == 1 and first[3] == 1
+
+
+def test_pickles_and_never_stacks() -> None:
+    user = partial(thread_report)
+    limit = pickle.loads(pickle.dumps(WorkerThreadLimit(3, user)))
+    assert limit.threads == 3 and limit.user_fn.func is thread_report
+    again = WorkerThreadLimit(1, WorkerThreadLimit(2, thread_report))
+    assert again.user_fn is thread_report and unwrap_worker_init_fn(again) is thread_report
+    with pytest.raises(ValueError, match=r"`threads` must be >= 1, got 0"):
+        WorkerThreadLimit(0)
+    assert torch.get_num_threads() >= 1
