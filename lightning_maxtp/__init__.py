@@ -24,6 +24,7 @@ _LAZY = {
     "JobContext": "lightning_maxtp.window",
     "JobSpec": "lightning_maxtp.pack",
     "KernelCapture": "lightning_maxtp.capture",
+    "LoaderPlan": "lightning_maxtp.loader",
     "ModelSize": "lightning_maxtp.strategy",
     "PackResult": "lightning_maxtp.pack",
     "Recommendation": "lightning_maxtp.diagnosis",
@@ -32,6 +33,7 @@ _LAZY = {
     "StrategyPlan": "lightning_maxtp.strategy",
     "ThroughputReport": "lightning_maxtp.report",
     "Window": "lightning_maxtp.window",
+    "apply_loader_plan": "lightning_maxtp.loader",
     "diagnose": "lightning_maxtp.diagnosis",
     "find_batch_size": "lightning_maxtp.batch_size",
     "inspect_resources": "lightning_maxtp.resources",
@@ -39,6 +41,7 @@ _LAZY = {
     "plan_pack": "lightning_maxtp.pack",
     "plan_strategy": "lightning_maxtp.strategy",
     "run_jobs": "lightning_maxtp.pack",
+    "tune_dataloader": "lightning_maxtp.loader",
 }
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "JobContext",
     "JobSpec",
     "KernelCapture",
+    "LoaderPlan",
     "ModelSize",
     "PackResult",
     "Recommendation",
@@ -59,6 +63,7 @@ __all__ = [
     "ThroughputReport",
     "Window",
     "__version__",
+    "apply_loader_plan",
     "diagnose",
     "find_batch_size",
     "inspect_resources",
@@ -66,6 +71,7 @@ __all__ = [
     "plan_pack",
     "plan_strategy",
     "run_jobs",
+    "tune_dataloader",
 ]
 
 if TYPE_CHECKING:
@@ -73,6 +79,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
     from lightning_maxtp.capture import KernelCapture
     from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
+    from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
     from lightning_maxtp.monitor import BottleneckMonitor
     from lightning_maxtp.pack import JobSpec, PackResult, load_jobs, plan_pack, run_jobs
     from lightning_maxtp.report import ThroughputReport
