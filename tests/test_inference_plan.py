@@ -1,0 +1,99 @@
+"""Worker planning of ``BatchInferencePool``: GPUs from the probe, workers from memory, CPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from lightning_maxtp._host_probe import CpuInfo
+from lightning_maxtp.inference import InferencePlan
+from lightning_maxtp.inference._plan import plan_workers
+from lightning_maxtp.resources import Resources, inspect_resources
+from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
+
+FOREIGN_PID = 4_190_000
+
+
+def machine(gpus: list[FakeGpu], cores: int = 16) -> Resources:
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    res = inspect_resources(nvml=FakeNvml(gpus))
+    cpu = CpuInfo(logical=cores, physical=cores, usable=cores, cgroup_quota=None)
+    return dataclasses.replace(res, cpu=cpu)
+
+
+def uuid(n: int) -> str:
+    return f"GPU-{n:08x}-aaaa-bbbb-cccc-dddddddddddd"
+
+
+def test_busy_gpu_is_skipped_and_workers_follow_free_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    res = machine([
+        FakeGpu(uuid=uuid(0)),  # 139.5 GiB free
+        FakeGpu(uuid=uuid(1), used_gib=30, processes=[(FOREIGN_PID, 30 * GIB)]),
+        FakeGpu(uuid=uuid(2), total_gib=24, used_gib=0.5),  # 23.5 GiB free
+    ])  # fmt: skip
+    plan = plan_workers(res, model_bytes=10 * GIB)
+    # (139.5 - 2.5) // 10 = 13 capped at 4; (23.5 - 2.5) // 10 = 2; GPU 1 runs a foreign process.
+    assert [w.device for w in plan.workers] == ["cuda:0"] * 4 + ["cuda:2"] * 2
+    assert [w.cuda_visible_devices for w in plan.workers] == ["0"] * 4 + ["2"] * 2
+    assert [i for i, _ in plan.skipped_gpus] == [1]
+    assert "foreign process" in plan.skipped_gpus[0][1]
+    # 16 cores - 6 GPU workers = 10 left: one I/O thread each, 1 torch thread.
+    assert {(w.io_threads, w.torch_threads) for w in plan.workers} == {(1, 1)}
+    assert "skipped cuda:1" in str(plan) and "cuda:0: 4 worker(s)" in str(plan)
+
+
+def test_gpu_too_small_for_one_copy_is_skipped_not_used() -> None:
+    res = machine([FakeGpu(uuid=uuid(0)), FakeGpu(uuid=uuid(1), total_gib=9, used_gib=0.3)])
+    plan = plan_workers(res, model_bytes=7 * GIB, io_threads=3)
+    assert plan.devices == ("cuda:0",) and len(plan.workers) == 4
+    assert plan.skipped_gpus == ((1, "8.7 GiB free < 7.0 GiB per worker + 2.5 GiB headroom"),)
+    assert {w.io_threads for w in plan.workers} == {3}
+
+
+def test_one_worker_per_gpu_without_model_size_gets_the_cpu_budget() -> None:
+    res = machine([FakeGpu(uuid=uuid(0))], cores=16)
+    (worker,) = plan_workers(res).workers
+    assert (worker.device, worker.io_threads, worker.torch_threads) == ("cuda:0", 15, 3)
+
+
+def test_cpu_fallback_never_oversubscribes() -> None:
+    for cores, expected in [(2, (2, 1)), (16, (8, 2)), (6, (6, 1)), (12, (6, 2)), (11, (5, 2))]:
+        plan = plan_workers(machine([], cores=cores))
+        processes, threads = len(plan.workers), plan.workers[0].torch_threads
+        assert (processes, threads) == expected
+        assert processes * threads <= cores
+        assert {w.cuda_visible_devices for w in plan.workers} == {""}  # CUDA hidden on the CPU
+    plan = plan_workers(machine([], cores=8), workers_per_device=3)
+    assert [w.torch_threads for w in plan.workers] == [2, 2, 2]
+
+
+def test_all_gpus_busy_falls_back_to_cpu_under_auto_but_not_under_cuda() -> None:
+    res = machine([FakeGpu(uuid=uuid(0), used_gib=30, processes=[(FOREIGN_PID, 30 * GIB)])])
+    plan = plan_workers(res)
+    assert plan.devices == ("cpu",) and plan.notes[0] == "no usable GPU: running on the CPU"
+    with pytest.raises(ValueError, match=r"`devices='cuda'` left no usable GPU .* devices='cpu'"):
+        plan_workers(res, devices="cuda")
+    assert plan_workers(res, devices=[0]).devices == ("cuda:0",)  # explicit wins over the probe
+
+
+def test_bad_arguments_name_the_argument_and_the_fix() -> None:
+    res = machine([FakeGpu(uuid=uuid(0))])
+    with pytest.raises(ValueError, match=r"names GPU\(s\) \[3\] but the probe found \[0\]"):
+        plan_workers(res, devices=[3])
+    with pytest.raises(ValueError, match=r"`devices` must be 'auto', 'cpu', .* got 'tpu'"):
+        plan_workers(res, devices="tpu")
+    with pytest.raises(ValueError, match=r"`workers_per_device` must be 'auto' or an int >= 1"):
+        plan_workers(res, workers_per_device=0)
+
+
+def test_plan_to_dict_is_json_safe() -> None:
+    plan = plan_workers(machine([FakeGpu(uuid=uuid(0))]), workers_per_device=2)
+    data = plan.to_dict()
+    assert isinstance(plan, InferencePlan)
+    assert [w["device"] for w in data["workers"]] == ["cuda:0", "cuda:0"]
+    assert data["skipped_gpus"] == []
