@@ -17,6 +17,7 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "AutoMaxTP": "lightning_maxtp._auto_maxtp",
+    "BatchInferencePool": "lightning_maxtp.inference",
     "BatchSizePlan": "lightning_maxtp.batch_size",
     "BottleneckKind": "lightning_maxtp.diagnosis",
     "BottleneckMonitor": "lightning_maxtp.monitor",
@@ -46,6 +47,7 @@ _LAZY = {
 
 __all__ = [
     "AutoMaxTP",
+    "BatchInferencePool",
     "BatchSizePlan",
     "BottleneckKind",
     "BottleneckMonitor",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
     from lightning_maxtp.capture import KernelCapture
     from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
+    from lightning_maxtp.inference import BatchInferencePool
     from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
     from lightning_maxtp.monitor import BottleneckMonitor
     from lightning_maxtp.pack import JobSpec, PackResult, load_jobs, plan_pack, run_jobs
