@@ -24,6 +24,18 @@ log = logging.getLogger(__name__)
 Reading = Mapping[str, float]
 
 
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _is_mp_helper(proc: psutil.Process) -> bool:
+    """Python's resource tracker / forkserver: children of any spawn user, never data workers."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return any(helper in cmdline for helper in _MP_HELPERS)
+
+
 class Source(Protocol):
     """Something the sampler reads; ``name`` appears in the one-time failure message."""
 
@@ -73,7 +85,9 @@ class ProcessCpuSource:
         skip = self._exclude()
         current = {c.pid: c for c in self._main.children(recursive=self._recursive)}
         self._children = {
-            pid: self._children.get(pid, proc) for pid, proc in current.items() if pid not in skip
+            pid: self._children.get(pid, proc)
+            for pid, proc in current.items()
+            if pid not in skip and (pid in self._children or not _is_mp_helper(proc))
         }
         self._listed_at = time.monotonic()
 

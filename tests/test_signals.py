@@ -150,3 +150,24 @@ def test_ddp_rank_zero_aggregates_ranks_and_names_the_straggler(tmp_path: Path) 
     stats = last["stats"]["step_time_s"]
     assert stats["min"] <= stats["median"] <= stats["max"]
     assert "ranks: 2, step " in data["summary"] and "straggler rank 1" in data["summary"]
+
+
+def test_multiprocessing_helpers_are_not_counted_as_workers() -> None:
+    import subprocess
+    import sys
+
+    from lightning_maxtp._sampler import ProcessCpuSource
+
+    sleep = "import time; time.sleep(30)"
+    worker = subprocess.Popen([sys.executable, "-c", sleep])
+    # Same command line shape as Python's resource tracker, which spawn users always start.
+    tracker = subprocess.Popen(
+        [sys.executable, "-c", f"{sleep}  # from multiprocessing.resource_tracker import main"]
+    )
+    try:
+        source = ProcessCpuSource()
+        assert source.read()["workers"] == 1
+    finally:
+        for proc in (worker, tracker):
+            proc.kill()
+            proc.wait()
