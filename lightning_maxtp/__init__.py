@@ -26,6 +26,7 @@ _LAZY = {
     "JobSpec": "lightning_maxtp.pack",
     "KernelCapture": "lightning_maxtp.capture",
     "LoaderPlan": "lightning_maxtp.loader",
+    "MaxThroughputCallback": "lightning_maxtp.callback",
     "ModelSize": "lightning_maxtp.strategy",
     "PackResult": "lightning_maxtp.pack",
     "Recommendation": "lightning_maxtp.diagnosis",
@@ -56,6 +57,7 @@ __all__ = [
     "JobSpec",
     "KernelCapture",
     "LoaderPlan",
+    "MaxThroughputCallback",
     "ModelSize",
     "PackResult",
     "Recommendation",
@@ -79,6 +81,7 @@ __all__ = [
 if TYPE_CHECKING:
     from lightning_maxtp._auto_maxtp import AutoMaxTP
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
+    from lightning_maxtp.callback import MaxThroughputCallback
     from lightning_maxtp.capture import KernelCapture
     from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
     from lightning_maxtp.inference import BatchInferencePool

@@ -8,21 +8,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_smoke_probes_then_trains_twice(tmp_path: Path) -> None:
+def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None:
     demo = str(ROOT / "examples" / "demo.py")
     out = subprocess.run(
         [sys.executable, demo, "--smoke", "--data-dir", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # the callback logs its progress
+        text=True, timeout=300, check=True, cwd=tmp_path,
     ).stdout  # fmt: skip
     assert "== 1. the machine (maxtp inspect)" in out
     assert re.search(r"^cpu .* effective$", out, flags=re.M)
-    rates = re.findall(r"^   (lightning defaults|sized from probe .*?)\s+([\d.]+) img/s", out, re.M)
-    assert [name for name, _ in rates][:1] == ["lightning defaults"] and len(rates) == 2
-    assert all(float(rate) > 0 for _, rate in rates)
-    assert re.search(r"runs at \d+\.\d\dx Lightning's defaults", out)
     assert list(tmp_path.glob("data/jpeg-*/class_*/*.jpg")), "the demo generates its data locally"
-    assert re.search(r"steps measured, [\d.]+ samples/s, .* bottleneck: \w+", out)
-    assert "report files: report.json, report.md, timeline.png" in out
+    assert "+ callbacks=[MaxThroughputCallback()]" in out
+    assert re.search(r"^maxtp plan: \d+ usable CPUs", out, flags=re.M), "the plan is shown"
+    assert re.search(r"^maxtp: baseline [\d.]+ samples/s over 4 steps", out, flags=re.M)
+    assert re.search(r"^== 4\. result \(\d+ s fit, \d+ s of it tuning on real steps\)", out, re.M)
+    assert re.search(r"^   throughput: [\d.]+ -> [\d.]+ img/s \(\d\.\d\dx defaults\)", out, re.M)
+    assert re.search(r"^   loader now: num_workers=\d+, prefetch_factor=", out, flags=re.M)
+    assert re.search(r"^   stopped: \S", out, flags=re.M)
+    assert re.search(r"^   diagnosis now: \w+", out, flags=re.M)
+    report = tmp_path / "demo-report"
+    assert f"report files: report.json, report.md, timeline.png in {report}" in out
+    assert "knob_changes" in (report / "report.json").read_text()
 
 
 def test_demo_rejects_bad_arguments() -> None:
@@ -31,4 +37,4 @@ def test_demo_rejects_bad_arguments() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "need --steps >= 1 and --images >= 32, got 0 and 768" in proc.stderr
+    assert "need --steps >= 1 and --images >= 32, got 0 and 1024" in proc.stderr

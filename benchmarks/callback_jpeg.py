@@ -1,0 +1,155 @@
+"""Issue [6]: defaults vs. defaults + ``MaxThroughputCallback`` vs. a sweep's best, JPEG workload.
+
+A/B/C alternating rounds on one machine.
+
+1. Sweep (one round, loader settings on the training run): num_workers 0..CPUs x prefetch 2/4;
+   the fastest is "sweep-best".
+2. A/B/C rounds: ``lightning-defaults`` (batch 32, 0 workers), ``callback`` (the same loader plus
+   the callback; timed after ``--warmup-callback`` steps, which must cover the tuning, and the
+   table says whether it did), ``sweep-best``.
+The callback's trials, stop reason and tuning time are printed and kept in the params.
+
+Usage: ``python -m benchmarks.callback_jpeg [--smoke] [--out FILE] [--table FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from benchmarks.runner import Config, Measurement, report, run_ab
+
+
+def timed_fit(
+    args: argparse.Namespace, dataset: Any, settings: Any, *, callback: Any = None,
+    classes: int = 10,
+) -> tuple[Measurement, Any]:  # fmt: skip
+    """One fit: ``warmup`` untimed steps then ``steps`` timed ones; returns (measurement, cb)."""
+    import lightning.pytorch as pl
+
+    from benchmarks.timing import StepTimer
+    from benchmarks.workloads.jpeg import ImageClassifier, make_loader
+
+    warmup = args.warmup_callback if callback is not None else args.warmup
+    timer = StepTimer(warmup, args.steps)
+    trainer = pl.Trainer(
+        accelerator=args.device, devices=1, precision=args.precision, max_steps=warmup + args.steps,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[c for c in (callback, timer) if c is not None],
+    )  # fmt: skip
+    loader = make_loader(dataset, settings, steps=warmup + args.steps)
+    trainer.fit(ImageClassifier(args.model, num_classes=classes), train_dataloaders=loader)
+    assert timer.start is not None and timer.stop is not None
+    return Measurement(timer.samples, timer.stop - timer.start, args.steps, warmup), callback
+
+
+def make_callback(args: argparse.Namespace) -> Any:
+    """The callback as a user adds it, with windows sized for a short benchmark."""
+    from lightning_maxtp.callback import MaxThroughputCallback
+
+    return MaxThroughputCallback(
+        warmup_steps=3, window_steps=args.window, max_trials=args.max_trials,
+        loader_time_budget_s=args.loader_budget, verbose=False,
+    )  # fmt: skip
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Arguments (shared with ``gpu_check_callback``)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mobilenet_v3_small")
+    p.add_argument("--crop", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--images", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup-callback", type=int, default=60)
+    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--max-trials", type=int, default=3)
+    p.add_argument("--loader-budget", type=float, default=8.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--sweep-workers", default=None, help="e.g. 0,4,8 (default: 0..CPUs)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: the plumbing only")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--table", type=Path, default=None)
+    p.add_argument("--note", default="")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.images, args.image_size, args.crop, args.steps, args.rounds = 64, 64, 32, 3, 1
+        args.warmup_callback, args.window, args.max_trials, args.loader_budget = 14, 3, 1, 2.0
+    return args
+
+
+def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str, Any]:
+    """Run the sweep and the A/B/C rounds; print the table and one JSON line."""
+    args = parse(argv)
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    from benchmarks.workloads.jpeg import (
+        JpegFolderDataset,
+        JpegSpec,
+        LoaderSettings,
+        default_data_dir,
+        generate_jpeg_dataset,
+    )
+
+    pl.seed_everything(0, verbose=False)
+    spec = JpegSpec(images=args.images, image_size=args.image_size)
+    dataset = JpegFolderDataset(generate_jpeg_dataset(default_data_dir(spec), spec), args.crop)
+    cpus = len(os.sched_getaffinity(0))
+    pin = args.device == "cuda"
+    sweep: dict[str, tuple[LoaderSettings, float]] = {}
+    grid = range(cpus + 1)
+    if args.sweep_workers:
+        grid = [int(w) for w in args.sweep_workers.split(",")]  # type: ignore[assignment]
+    for workers in grid:
+        for prefetch in (None,) if workers == 0 else (2, 4):
+            settings = LoaderSettings(batch_size=args.batch_size, num_workers=workers,
+                                      prefetch_factor=prefetch, pin_memory=pin,
+                                      persistent_workers=workers > 0)  # fmt: skip
+            rate = timed_fit(args, dataset, settings)[0].samples_per_s
+            sweep[f"w{workers}-p{prefetch}"] = (settings, rate)
+            print(f"sweep workers={workers} prefetch={prefetch}: {rate:.1f} samples/s", flush=True)
+    best_name = max(sweep, key=lambda k: sweep[k][1])
+    best = sweep[best_name][0]
+    defaults = LoaderSettings(batch_size=args.batch_size)
+    callbacks: list[Any] = []
+
+    def with_callback() -> Measurement:
+        measurement, cb = timed_fit(args, dataset, defaults, callback=make_callback(args))
+        callbacks.append(cb)
+        return measurement
+
+    configs = [
+        Config("lightning-defaults", lambda: timed_fit(args, dataset, defaults)[0], vars(defaults)),
+        Config("callback", with_callback, {"loader": "defaults + MaxThroughputCallback()"}),
+        Config("sweep-best", lambda: timed_fit(args, dataset, best)[0], vars(best)),
+    ]
+    tuning = []
+    result = run_ab(name, configs, rounds=args.rounds, params={})
+    for cb in callbacks:
+        summary = cb.tuning
+        done = cb._phase == "monitor"  # was tuning over when the clock started?
+        tuning.append({**summary.to_dict(), "finished_before_timing": done})
+        print(summary)
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    params |= {"sweep": {k: r for k, (_, r) in sweep.items()}, "sweep_best": best_name,
+               "callback_runs": tuning}  # fmt: skip
+    result = type(result)(**{**result.__dict__, "params": params})
+    report(result, json_out=args.out, table_out=args.table)
+    ratios = result.ratios()
+    print(f"callback / sweep-best: {ratios['callback'] / ratios['sweep-best']:.3f}; "
+          f"callback / defaults: {ratios['callback']:.2f}x")  # fmt: skip
+    return result.to_dict()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+"""``MaxThroughputCallback``: the closed loop, run for the user inside ``trainer.fit``.
+
+probe -> (optional batch search) -> warm up -> measure a baseline window -> diagnose -> try ONE
+safe loader knob (first the settings ``tune_dataloader`` picks against the measured consumption
+rate, then the top diagnosis's auto-applicable recommendation) -> measure as many steps again ->
+keep it if throughput rose by ``min_gain``, else revert -> repeat -> monitor -> report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from lightning_maxtp._callback_args import check_arguments
+from lightning_maxtp._callback_glue import measure_loader, plan_change, plan_line
+from lightning_maxtp._switch_loader import SwitchableLoader, switchable_reason
+from lightning_maxtp._tuning import (
+    KnobTrial,
+    TuningSummary,
+    fmt_settings,
+    next_change,
+    remaining,
+    robust_rate,
+    top_line,
+)
+from lightning_maxtp.monitor import BottleneckMonitor
+from lightning_maxtp.report import KnobChange, ThroughputReport
+from lightning_maxtp.window import Window
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["MaxThroughputCallback"]
+
+log = logging.getLogger(__name__)
+
+_DATA_KINDS = ("data_pipeline", "storage")
+
+
+class MaxThroughputCallback(BottleneckMonitor):
+    """Measure the running fit, change one safe loader knob at a time, keep what pays, report.
+
+    Tuning happens on real training steps: the knobs only change how batches are loaded
+    (workers, prefetch, persistence, pinning, worker thread limits), never the batches. The
+    train loader is rebuilt once around a shared index feed, so a change mid-epoch lets the old
+    workers finish the batches they already started and the new ones continue from the next
+    index: every sample is seen exactly once per epoch, in the sampler's order (the same ids as
+    without the callback; one caveat: a kept ``persistent_workers=True`` makes torch draw one
+    seed fewer from the global RNG per epoch, so a sampler without its own ``generator``
+    shuffles later epochs differently, as it would with that setting by hand). Only
+    ``allow_batch_size_change=True`` changes the math (batch size,
+    via ``find_batch_size`` before training, reported). Under DDP rank zero decides and every
+    rank applies the same change at the same step. Throughput of a window is its samples over its
+    step times, a step longer than 3 mean steps counted as 3 (a stall from another process on a
+    shared machine must not decide a knob).
+
+    Args:
+        warmup_steps: Steps before the baseline window (compile, caches, worker start).
+        window_steps: Steps in the baseline window and in each trial's window.
+        settle_steps: Steps after a change before its window starts (in-flight batches drain).
+        min_gain: A knob is kept when throughput rose by at least this share (0.05: 5 %).
+        max_trials: Most knob trials.
+        time_budget_s: No trial starts after this many seconds of tuning.
+        tune_loader: Run ``tune_dataloader`` against the measured consumption rate when the
+            baseline is data-bound, and try its settings first.
+        loader_time_budget_s: Time budget of that loader measurement.
+        max_workers: Worker cap (default: the probe's CPU budget per device process).
+        allow_batch_size_change: Run ``find_batch_size`` before training and apply its batch
+            (changes the optimization; off by default).
+        monitor_window_steps: Window length after tuning (cheap monitoring).
+        drift_share: After tuning, a window this much slower than the tuned rate is reported.
+        capture: Profiler capture mode after tuning (``"auto"``, ``"always"``, ``"never"``).
+        report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
+        verbose: Print the plan, the tuning progress and the final summary (rank zero).
+        sampler_interval_s: Background sampling period (None: no sampler).
+    """
+
+    def __init__(
+        self,
+        *,
+        warmup_steps: int = 5,
+        window_steps: int = 20,
+        settle_steps: int = 2,
+        min_gain: float = 0.05,
+        max_trials: int = 6,
+        time_budget_s: float = 300.0,
+        tune_loader: bool = True,
+        loader_time_budget_s: float = 15.0,
+        max_workers: int | None = None,
+        allow_batch_size_change: bool = False,
+        monitor_window_steps: int = 100,
+        drift_share: float = 0.2,
+        capture: str = "auto",
+        report_dir: str | Path | None = None,
+        verbose: bool = True,
+        sampler_interval_s: float | None = 0.1,
+    ) -> None:
+        check_arguments(locals())
+        super().__init__(
+            window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
+            report_dir=report_dir, verbose=verbose,
+        )  # fmt: skip
+        self.warmup_steps, self.settle_steps, self.min_gain = warmup_steps, settle_steps, min_gain
+        self.max_trials, self.time_budget_s = max_trials, time_budget_s
+        self.tune_loader, self.loader_time_budget_s = tune_loader, loader_time_budget_s
+        self.max_workers, self.allow_batch_size_change = max_workers, allow_batch_size_change
+        self.monitor_window_steps, self.drift_share = monitor_window_steps, drift_share
+        self.trials: list[KnobTrial] = []
+        self.knob_changes: list[KnobChange] = []
+        self.batch_plan: Any = None
+        self.loader_plan: Any = None
+        self._reset_loop()
+
+    def _reset_loop(self) -> None:
+        self.loader: SwitchableLoader | None = None
+        self.source_loader: Any = None
+        self.resources: Any = None
+        self._phase = "warmup"  # warmup -> baseline -> settle/trial ... -> monitor
+        self._steps = 0
+        self._settle_left = 0
+        self._ref: Window | None = None
+        self._trial: tuple[str, Any, Any, str, int] | None = None
+        self._tried: set[tuple[str, str]] = set()
+        self._t_start: float | None = None
+        self._tuning_s, self._tuning_steps = 0.0, 0
+        self._stop_reason = "the fit ended before tuning finished"
+        self._baseline: float | None = None
+        self._notes: list[str] = []
+        self._drifted = False
+
+    # -- setup: probe, plan, wrap the train loader ------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        from lightning_maxtp import _lightning_private as private
+        from lightning_maxtp.resources import inspect_resources
+
+        self._reset_loop()
+        self.trials, self.knob_changes = [], []
+        self.batch_plan, self.loader_plan = None, None
+        self.resources = inspect_resources()
+        previous = private.dataloader_transform(trainer)
+
+        def transform(loader: object, stage_: str | None, trainer_: pl.Trainer) -> object:
+            if previous is not None:
+                loader = previous(loader, stage_, trainer_)
+            return self._wrap(loader) if stage_ == "train" else loader
+
+        private.install_dataloader_transform(trainer, transform)
+        if self.verbose:
+            rank_zero_info(plan_line(self, trainer))
+
+    def _wrap(self, loader: object) -> object:
+        why = switchable_reason(loader)
+        if why is not None:
+            self._note(f"loader knobs not changed: {why}")
+            return loader
+        if isinstance(loader, SwitchableLoader):
+            return loader
+        from torch.utils.data import DataLoader
+
+        assert isinstance(loader, DataLoader)
+        self.source_loader = loader
+        cpus = int(self.resources.cpu.effective) if self.resources else 1
+        self.loader = SwitchableLoader(loader, cpu_threads=cpus)
+        return self.loader
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.allow_batch_size_change:
+            return
+        from lightning_maxtp.batch_size import find_batch_size
+
+        self.batch_plan = find_batch_size(pl_module, trainer=trainer)
+        self.batch_plan.apply(trainer)
+        if self.verbose:
+            rank_zero_info(f"maxtp: {self.batch_plan}")
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._steps += 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._phase == "warmup" and self._steps >= self.warmup_steps:
+            self._t_start = time.perf_counter()
+            self._measure("baseline")
+        elif self._phase == "settle" and self.loader is not None and self.loader.switched:
+            # Counted once the old workers drained their in-flight batches (deterministic, so
+            # every DDP rank closes its window at the same step).
+            self._settle_left -= 1
+            if self._settle_left <= 0:
+                self._measure("trial")
+
+    def _measure(self, phase: str) -> None:
+        self._reset_buffer()  # the next window starts at this step boundary
+        self._phase = phase
+
+    @override
+    def on_window(self, trainer: pl.Trainer, window: Window) -> None:
+        if self._phase in ("baseline", "trial"):
+            self._capture_armed = False  # no profiler inside a measured window
+            self.diagnoses.append(tuple(_diagnose(window)))
+            self._log(trainer, window, self.diagnoses[-1])
+            self._tuning_step(trainer, window)
+            return
+        super().on_window(trainer, window)
+        if self._phase == "monitor":
+            self._watch_drift(window)
+
+    def _tuning_step(self, trainer: pl.Trainer, window: Window) -> None:
+        if self._phase == "baseline":
+            self._ref, self._baseline = window, _rate(window)
+            self._say(
+                f"baseline {_rate(window):.1f} samples/s over {window.steps} steps, "
+                f"data wait {window.data_wait_share:.0%}; {top_line(self.diagnoses[-1])}"
+            )
+        else:
+            kept = self._pays(window) if trainer.is_global_zero else None
+            if trainer.world_size > 1:
+                kept = trainer.strategy.broadcast(kept, src=0)
+            self._finish_trial(window, bool(kept))
+        decision = self._decide(window) if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            decision = trainer.strategy.broadcast(decision, src=0)
+        if decision is None or isinstance(decision, str):
+            self._stop(decision or "no loader", trainer)
+        else:
+            self._start_trial(trainer, *decision)
+
+    def _decide(self, window: Window) -> tuple[str, dict[str, Any], str] | str | None:
+        """Rank zero: ``(knob, settings, reason)`` to try next, or why the loop stops."""
+        if self.loader is None:
+            return "the train loader cannot be switched (see notes)"
+        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
+        if len(self.trials) >= self.max_trials:
+            return f"max_trials={self.max_trials} reached"
+        if elapsed >= self.time_budget_s:
+            return f"time_budget_s={self.time_budget_s:g} spent"
+        settings = self.loader.settings()
+        found = self.diagnoses[-1]
+        if self.tune_loader and self.loader_plan is None and found and (
+            found[0].kind.value in _DATA_KINDS
+        ):  # fmt: skip
+            planned = self._loader_plan(window, settings)
+            if planned is not None:
+                return planned
+        change = next_change(found, settings, self._tried, device_type=window.context.device_type)
+        if change is not None and change[0] == "num_workers" and self.max_workers is not None:
+            # The recommendation already respects the probe's budget; only a user cap is added.
+            value = min(int(change[1]), self.max_workers)
+            change = None if value <= settings["num_workers"] else (change[0], value, change[2])
+        if change is None:
+            kind = found[0].kind.value if found else "unknown"
+            if kind == "healthy":
+                return "no bottleneck above threshold: nothing to tune"
+            return f"no auto-applicable knob left for the {kind} bottleneck"
+        knob, value, reason = change
+        return knob, {knob: value}, reason
+
+    def _loader_plan(
+        self, window: Window, settings: dict[str, Any]
+    ) -> tuple[str, dict[str, Any], str] | None:
+        rate = window.device_samples_per_s
+        self._say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+        try:
+            self.loader_plan = measure_loader(self, window)
+        except Exception as err:  # advisory: the diagnosis loop still runs without it
+            self._note(f"tune_dataloader failed, skipped: {err!r}")
+            self.loader_plan = False
+            return None
+        return plan_change(self.loader_plan, settings)
+
+    def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
+        assert self.loader is not None
+        old = {k: self.loader.settings()[k] for k in new}
+        self.loader.request(**new)
+        # Windows measured from now on run with the new settings: diagnose them as such.
+        self.context = dataclasses.replace(self.context, **self.loader.settings())
+        self._trial = (knob, old, new, why, trainer.global_step)
+        self._record_change(knob, old, new, f"trying: {why}")
+        self._say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
+        self._settle_left, self._phase = self.settle_steps, "settle"
+        if self.settle_steps == 0:
+            self._measure("trial")
+
+    def _pays(self, window: Window) -> bool:
+        assert self._ref is not None
+        before = _rate(self._ref)
+        return before > 0 and _rate(window) >= before * (1 + self.min_gain)
+
+    def _finish_trial(self, window: Window, kept: bool) -> None:
+        assert self._trial is not None and self._ref is not None and self.loader is not None
+        knob, old, new, why, step = self._trial
+        before, after = _rate(self._ref), _rate(window)
+        shown_old = old[knob] if knob in old else fmt_settings(old)
+        shown_new = new[knob] if knob in new else fmt_settings(new)
+        trial = KnobTrial(knob, shown_old, shown_new, why, before, after, kept, step, window.steps)
+        self.trials.append(trial)
+        self._say(str(trial))
+        if kept:
+            self._ref = window
+        else:
+            self._tried |= {(k, repr(v)) for k, v in new.items()}
+            self.loader.request(**old)
+            self._record_change(
+                knob, new, old, f"reverted: {trial.gain:+.1%} < {self.min_gain:.0%}"
+            )
+        self.context = dataclasses.replace(self.context, **self.loader.settings())
+        self._trial = None
+
+    def _stop(self, reason: str, trainer: pl.Trainer) -> None:
+        self._stop_reason = reason
+        self._phase = "monitor"
+        self.window_steps = self.monitor_window_steps
+        self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
+        self._tuning_steps = self._steps - self.warmup_steps
+        self._say(f"tuning done after {self._tuning_s:.1f} s: {reason}; now monitoring every "
+                  f"{self.monitor_window_steps} steps")  # fmt: skip
+
+    def _watch_drift(self, window: Window) -> None:
+        tuned = _rate(self._ref) if self._ref is not None else None
+        slow = tuned and _rate(window) < (1 - self.drift_share) * tuned
+        if slow and not self._drifted:
+            self._drifted = True
+            self._note(f"throughput drifted at step {window.first_step}: "
+                       f"{_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
+                       f"{top_line(self.diagnoses[-1] if self.diagnoses else ())}")  # fmt: skip
+
+    # -- report -----------------------------------------------------------------------------
+
+    def _record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
+        t0 = self.sampler.t0 if self.sampler is not None else self._t0
+        self.knob_changes.append(
+            KnobChange(time.perf_counter() - t0, knob, fmt_settings(old), fmt_settings(new), reason)
+        )
+
+    def _note(self, text: str) -> None:
+        if text not in self._notes:
+            self._notes.append(text)
+            self._say(text)
+
+    def _say(self, text: str) -> None:
+        if self.verbose:
+            rank_zero_info(f"maxtp: {text}")
+        log.debug(text)
+
+    @property
+    def tuning(self) -> TuningSummary:
+        """What the loop did (live while the fit runs)."""
+        tuning_s = self._tuning_s
+        if self._phase != "monitor" and self._t_start is not None:
+            tuning_s = time.perf_counter() - self._t_start
+        return TuningSummary(
+            trials=tuple(self.trials), baseline_samples_per_s=self._baseline,
+            tuned_samples_per_s=_rate(self._ref) if self._ref is not None else None,
+            tuning_s=tuning_s,
+            tuning_steps=self._tuning_steps or max(0, self._steps - self.warmup_steps),
+            stop_reason=self._stop_reason,
+            settings=self.loader.settings() if self.loader is not None else {},
+            notes=tuple(self._notes),
+        )  # fmt: skip
+
+    @override
+    def _build_report(self) -> ThroughputReport:
+        report = super()._build_report()
+        tuning = self.tuning
+        notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
+        left = remaining(report.diagnoses, self._tried)
+        return dataclasses.replace(
+            report, diagnoses=left, knob_changes=tuple(self.knob_changes),
+            notes=(*notes, *self._notes),
+        )  # fmt: skip
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._phase != "monitor":
+            self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
+            self._tuning_steps = max(0, self._steps - self.warmup_steps)
+        super().on_train_end(trainer, pl_module)
+        if self.verbose:
+            rank_zero_info(str(self.tuning))
+            if self.report_dir is not None:
+                rank_zero_info(f"maxtp: report files in {self.report_dir}")
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        if stage == "fit" and self.loader is not None:
+            self.loader.shutdown()
+
+
+def _diagnose(window: Window) -> list[Any]:
+    from lightning_maxtp.diagnosis import diagnose
+
+    return diagnose(window)
+
+
+def _rate(window: Window) -> float:
+    return robust_rate(window.step_time_s, window.samples)

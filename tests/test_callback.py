@@ -1,0 +1,291 @@
+"""``MaxThroughputCallback``: real tiny fits on CPU with planted data-bound loaders.
+
+On this 2-core machine the reliable way to make more workers pay is storage-like latency
+(``SleepDataset`` sleeps per sample); ``limit=1`` serializes those reads, so more workers
+cannot pay there and the loop must revert them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_maxtp._switch_loader import SwitchableLoader
+from lightning_maxtp.callback import MaxThroughputCallback
+from tests.helpers.loader_data import SleepDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class IdModel(pl.LightningModule):
+    """Records the sample ids it trains and validates on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 1)
+        self.ids: list[int] = []
+        self.val_batches = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, idx = batch
+        self.ids += idx.tolist()
+        return self.layer(x).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.val_batches += 1
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SleepData(pl.LightningDataModule):
+    def __init__(self, limit: int | None, workers: int) -> None:
+        super().__init__()
+        self.limit, self.workers = limit, workers
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        # 10 ms reads: long against sleep overshoot on a loaded machine (a few ms at worst).
+        data = SleepDataset(480, 0.01, limit=self.limit)
+        return DataLoader(data, batch_size=8, shuffle=True, num_workers=self.workers)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(SleepDataset(16, 0.0), batch_size=8)
+
+
+def _trainer(callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=callbacks, **kwargs,
+    )  # fmt: skip
+
+
+def _callback(**kwargs: Any) -> MaxThroughputCallback:
+    defaults: dict[str, Any] = {
+        "warmup_steps": 2, "window_steps": 8, "tune_loader": False, "verbose": False,
+        "sampler_interval_s": 0.05,
+    }  # fmt: skip
+    return MaxThroughputCallback(**(defaults | kwargs))
+
+
+def _fit(callback: MaxThroughputCallback | None, **kwargs: Any) -> list[int]:
+    pl.seed_everything(7, verbose=False)
+    model = IdModel()
+    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
+    _trainer([callback] if callback else [], **kwargs).fit(model, loader)
+    return model.ids
+
+
+def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_path: Path) -> None:
+    plain = _fit(None, max_epochs=1)
+    callback = _callback(max_trials=1, report_dir=tmp_path / "report")
+    tuned = _fit(callback, max_epochs=1)
+
+    assert tuned == plain, "tuning steps are real steps: same samples, same order"
+    assert sorted(tuned) == list(range(480))
+    (trial,) = callback.trials
+    assert (trial.knob, trial.old, trial.kept) == ("num_workers", 0, True)
+    assert trial.new >= 1 and trial.gain >= 0.05
+    assert trial.after_samples_per_s > trial.before_samples_per_s > 0
+    assert callback.loader is not None and callback.loader.num_workers == trial.new
+    summary = callback.tuning
+    assert summary.stop_reason == "max_trials=1 reached"
+    assert summary.speedup is not None and summary.speedup >= 1.05
+    assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= 2 * 8
+
+    report = callback.report
+    changes = report.to_dict()["knob_changes"]
+    assert [(c["knob"], c["old"], c["new"]) for c in changes] == [
+        ("num_workers", "num_workers=0", f"num_workers={trial.new}")
+    ]
+    assert changes[0]["reason"].startswith("trying: ")
+    assert any("no sample skipped or repeated" in n for n in report.notes)
+    assert any(n.startswith("num_workers: 0 -> ") and n.endswith("kept") for n in report.notes)
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert written["knob_changes"] == changes
+    assert "## Knob changes" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_knob_that_does_not_pay_is_reverted_with_datamodule_val_and_accumulation() -> None:
+    # One read at a time (limit=1): a second worker cannot load faster than the first.
+    callback = _callback(max_trials=1, min_gain=0.25)
+    model = IdModel()
+    trainer = _trainer(
+        [callback], max_steps=30, accumulate_grad_batches=2, val_check_interval=40,
+        limit_val_batches=2,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=SleepData(limit=1, workers=1))
+
+    assert model.val_batches >= 2 + 2  # sanity check, then validation inside the epoch
+    (trial,) = callback.trials
+    assert (trial.knob, trial.old, trial.kept) == ("num_workers", 1, False)
+    assert trial.new > 1 and trial.after_samples_per_s < 1.25 * trial.before_samples_per_s
+    assert callback.loader is not None
+    assert callback.loader.settings() == {
+        "num_workers": 1, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False,
+    }  # fmt: skip
+    reasons = [c.reason for c in callback.report.knob_changes]
+    assert [r.split(":")[0] for r in reasons] == ["trying", "reverted"]
+    tuning = callback.tuning
+    assert tuning.tuned_samples_per_s == tuning.baseline_samples_per_s
+    # Reverted knobs are not offered again as "next" in the report.
+    left = [(r.knob, r.proposed) for d in callback.report.diagnoses for r in d.recommendations]
+    assert (trial.knob, trial.new) not in left
+
+
+def test_switching_mid_epoch_keeps_every_index_once_in_order() -> None:
+    torch.manual_seed(0)
+    source = DataLoader(SleepDataset(64, 0.0), batch_size=4, shuffle=False)
+    loader = SwitchableLoader(source, cpu_threads=2)
+    seen: list[int] = []
+    for i, (_, idx) in enumerate(loader):
+        seen += idx.tolist()
+        if i == 2:
+            loader.request(num_workers=2, prefetch_factor=3)
+        if i == 9:
+            loader.request(num_workers=0)
+    assert seen == list(range(64))
+    assert loader.switches == 2 and loader.settings()["num_workers"] == 0
+    assert [b.tolist() for _, b in loader][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    loader.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"min_gain": 1.5}, r"`min_gain` must be a share in \[0, 1\), got 1.5"),
+        ({"window_steps": 1}, r"`window_steps` must be an integer >= 2, got 1"),
+        ({"warmup_steps": -1}, r"`warmup_steps` must be an integer >= 0, got -1"),
+        ({"time_budget_s": 0}, r"`time_budget_s` must be a number of seconds > 0, got 0"),
+        ({"max_workers": -2}, r"`max_workers` must be an integer >= 0 or None"),
+        ({"capture": "sometimes"}, r"`capture` must be one of"),
+        ({"drift_share": 1.0}, r"`drift_share` must be in \(0, 1\), got 1.0"),
+    ],
+)
+def test_invalid_arguments_are_named(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MaxThroughputCallback(**kwargs)
+
+
+_DDP_SCRIPT = """
+import sys, json
+sys.path.insert(0, {root!r})
+import lightning.pytorch as pl, torch
+from torch.utils.data import DataLoader
+from lightning_maxtp.callback import MaxThroughputCallback
+from tests.helpers.loader_data import SleepDataset
+from tests.test_callback import IdModel
+
+pl.seed_everything(0, verbose=False)
+cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=2,
+                           verbose=False, sampler_interval_s=None)
+model = IdModel()
+trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[cb])
+trainer.fit(model, DataLoader(SleepDataset(256, 0.004), batch_size=8, shuffle=True))
+out = {{"trials": [(t.knob, t.new, t.kept) for t in cb.trials],
+       "settings": cb.loader.settings(), "ids": model.ids}}
+with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_ddp_ranks_apply_the_same_decisions(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(textwrap.dedent(_DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path))))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=180, cwd=tmp_path,
+                   capture_output=True)  # fmt: skip
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
+    assert ranks[0]["settings"] == ranks[1]["settings"]
+    assert ranks[0]["trials"][0][:1] == ["num_workers"]
+    assert sorted(ranks[0]["ids"] + ranks[1]["ids"]) == list(range(256))
+
+
+def test_loader_plan_is_measured_against_the_consumption_rate_and_tried_first() -> None:
+    from lightning_maxtp.loader import LoaderPlan
+
+    callback = _callback(max_trials=1, tune_loader=True, loader_time_budget_s=2.0)
+    ids = _fit(callback, max_epochs=1)
+
+    assert sorted(ids) == list(range(480)), "the loader measurement takes no training sample"
+    plan = callback.loader_plan
+    assert isinstance(plan, LoaderPlan) and plan.consumption_rate is not None
+    assert plan.consumption_rate > callback.trials[0].before_samples_per_s
+    (trial,) = callback.trials
+    if plan.changes():  # the plan's settings are tried first, as one trial
+        assert trial.knob == "loader plan" and trial.old.startswith("num_workers=0")
+        assert f"num_workers={plan.num_workers}" in trial.new
+    else:  # a plan that changes nothing falls through to the diagnosis's knob
+        assert trial.knob == "num_workers" and trial.old == 0
+    # Diagnoses of windows after a change see the settings in force.
+    assert callback.windows[-1].context.num_workers == callback.loader.settings()["num_workers"]
+
+
+def test_next_change_takes_the_top_diagnosis_first_untried_auto_knob() -> None:
+    from lightning_maxtp._tuning import next_change
+    from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation
+
+    recs = (
+        Recommendation("num_workers", 1, 3, "more reads in flight", True),
+        Recommendation("prefetch_factor", 2, 8, "deeper read-ahead", True),
+        Recommendation("pin_memory", False, True, "pinned copies", True),
+        Recommendation("batch_size", 32, 64, "bigger batch", False),
+    )
+    found = [Diagnosis(BottleneckKind.STORAGE, 0.9, "waits on reads", recommendations=recs)]
+    settings = {"num_workers": 1, "prefetch_factor": 2, "pin_memory": False,
+                "persistent_workers": False}  # fmt: skip
+    assert next_change(found, settings, set()) == ("num_workers", 3, "more reads in flight")
+    tried = {("num_workers", "3")}
+    assert next_change(found, settings, tried) == ("prefetch_factor", 8, "deeper read-ahead")
+    tried.add(("prefetch_factor", "8"))
+    assert next_change(found, settings, tried) is None  # pin_memory only on CUDA; batch: opt-in
+    assert next_change(found, settings, tried, device_type="cuda") == (
+        "pin_memory", True, "pinned copies",
+    )  # fmt: skip
+    healthy = [Diagnosis(BottleneckKind.HEALTHY, 1.0, "fine", recommendations=recs)]
+    assert next_change(healthy, settings, set()) is None
+
+
+def test_robust_rate_caps_a_stall_but_keeps_loader_bursts_and_steady_slowness() -> None:
+    from lightning_maxtp._tuning import robust_rate
+
+    steady = (0.1,) * 10
+    assert robust_rate(steady, (10,) * 10) == pytest.approx(100.0)
+    stalled = (0.1,) * 9 + (2.5,)  # a 2.5 s stall counts as 3 mean steps (3 x 0.34 s)
+    assert robust_rate(stalled, (10,) * 10) == pytest.approx(100 / (0.9 + 1.02))
+    bursts = (0.001, 0.234, 0.001, 0.001, 0.221, 0.001, 0.018, 0.244)  # several workers
+    assert robust_rate(bursts, (8,) * 8) == pytest.approx(64 / sum(bursts))  # waits are real
+    assert robust_rate((0.2,) * 10, (10,) * 10) == pytest.approx(50.0)
+    assert robust_rate((), ()) == 0.0
+
+
+class BatchModel(IdModel):
+    """Builds its loader from ``self.batch_size`` (where ``find_batch_size`` writes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = 4
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(SleepDataset(256, 0.0), batch_size=self.batch_size, shuffle=True)
+
+
+def test_batch_size_changes_only_when_allowed_and_the_loop_runs_on_the_new_loader() -> None:
+    callback = _callback(max_trials=1, allow_batch_size_change=True)
+    model = BatchModel()
+    _trainer([callback], max_steps=30).fit(model)
+
+    plan = callback.batch_plan
+    assert plan is not None and model.batch_size == plan.batch_size
+    assert callback.loader is not None and callback.loader.feed.inner.batch_size == plan.batch_size
+    assert callback.windows and callback.windows[0].samples[0] == plan.batch_size

@@ -1,0 +1,39 @@
+"""The callback examples run end to end with tiny sizes (real fits on the CPU)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=240, check=True, cwd=cwd
+    )
+    return proc.stdout
+
+
+def test_train_with_callback_then_read_its_report(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    out = _run(str(ROOT / "examples" / "callback_train.py"), "--smoke", "--report-dir",
+               str(report), cwd=tmp_path)  # fmt: skip
+    assert re.search(r"^maxtp tuning: \d+ knob trial\(s\) in [\d.]+ s", out, flags=re.M)
+    assert re.search(r"^  num_workers: 0 -> \d+: [\d.]+ -> [\d.]+ samples/s", out, flags=re.M)
+    shown = _run(str(ROOT / "examples" / "callback_report.py"), str(report), cwd=tmp_path)
+    assert re.search(
+        r"^throughput over the run: [\d.]+ samples/s, bottleneck now: \w+", shown, re.M
+    )
+    change = r"^  t=[\d.]+s num_workers: num_workers=0 -> num_workers=\d+ \(trying: "
+    assert re.search(change, shown, flags=re.M)
+    assert "  maxtp tuning: " in shown and "left for you:" in shown
+    assert f"files: report.json, report.md, timeline.png in {report}" in shown
+
+
+def test_one_line_example_runs_with_the_callback(tmp_path: Path) -> None:
+    out = _run(str(ROOT / "examples" / "callback_one_line.py"), "--maxtp", "--steps", "40",
+               cwd=tmp_path)  # fmt: skip
+    assert re.search(r"^with MaxThroughputCallback: 40 steps in [\d.]+ s", out, flags=re.M)
