@@ -99,10 +99,16 @@ def data_pipeline(window: Window) -> list[Recommendation]:
         # Loading in the main process runs in series with the step; any worker overlaps it.
         proposed = max(1, proposed)
     if proposed > workers and (speedup > 1 or workers == 0):
-        reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, gets "
-        reason += f"{loader_rate:.0f}/s"
-        if workers == 0:
-            reason += "; a worker also overlaps loading with the step"
+        if speedup > 1:
+            reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, "
+            reason += f"gets {loader_rate:.0f}/s"
+            if workers == 0:
+                reason += "; a worker also overlaps loading with the step"
+        else:
+            reason = (
+                f"loading ({loader_rate:.0f}/s alone) is fast enough for the device "
+                f"({device_rate:.0f}/s) but runs in series with the step; a worker overlaps it"
+            )
         if budget is not None:
             reason += f"; CPU budget {budget} workers"
         recs.append(Recommendation("num_workers", workers, proposed, reason, True))

@@ -132,8 +132,13 @@ def _data_side(w: Window) -> list[Diagnosis]:
         "iowait_percent": _r(iowait, 1),
         "disk_read_bytes_per_s": _r(s.mean_disk_read, 0),
     }
-    need = "" if speedup is None else f"; loader must be {speedup:.1f}x faster"
-    rates = f" (device could take {device_rate:.0f} samples/s, gets {loader_rate:.0f})"
+    if speedup is None:
+        need = ""
+    elif speedup > 1:
+        need = f"; loader must be {speedup:.1f}x faster"
+    else:  # fast enough alone, but loading in the main process runs in series with the step
+        need = "; loading runs in series with the step"
+    rates = f" (device could take {device_rate:.0f} samples/s, loader gives {loader_rate:.0f})"
     busy_txt = "?" if busy is None else f"{busy:.0%}"
     return [
         Diagnosis(BottleneckKind.DATA_PIPELINE, base * dp,

@@ -64,6 +64,18 @@ def test_kind_values_are_the_design_table() -> None:
     assert BottleneckKind("vram") is BottleneckKind.VRAM and str(BottleneckKind.VRAM) == "vram"
 
 
+def test_fast_loader_in_the_main_process_is_named_serial_not_slow() -> None:
+    # 0 workers: 30 ms of each 100 ms step is loading: alone the loader gives 32/30 ms = 1067/s,
+    # more than the device's 32/70 ms = 457/s, yet the step waits because the two run in series.
+    ctx = JobContext(batch_size=32, num_workers=0, cpu_worker_budget=1, persistent_workers=False)
+    top = diagnose(window(100, 30, wait_cpu=1.0, context=ctx))[0]
+    assert top.kind is BottleneckKind.DATA_PIPELINE
+    assert "must be" not in top.summary and "runs in series with the step" in top.summary
+    rec = str(top.recommendations[0])
+    assert rec.startswith("num_workers: 0 -> 1 (loading (1067/s alone) is fast enough")
+    assert "a worker overlaps it" in rec
+
+
 def test_data_pipeline_says_how_much_faster_the_loader_must_be() -> None:
     # 0 workers: 60 ms of each 100 ms step is loading at one full core.
     ctx = JobContext(batch_size=32, num_workers=0, cpu_worker_budget=6, persistent_workers=False)
