@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
-import subprocess
 import sys
 import time
 import warnings
@@ -40,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.checks import check, finish, run_gpu_tests  # noqa: E402
 from benchmarks.workloads.jpeg import ImageClassifier  # noqa: E402
 from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size  # noqa: E402
 
@@ -128,10 +127,6 @@ def _release() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def check(rows: list[dict[str, Any]], name: str, ok: bool | None, detail: str) -> None:
-    rows.append({"check": name, "ok": ok, "detail": detail})
 
 
 def rate_at(args: argparse.Namespace, batch: int) -> float | None:
@@ -232,28 +227,14 @@ def main() -> int:
     ours = search_checks(rows, args, gpu)
     theirs = lightning_checks(rows, args)
     if gpu:
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "tests/test_batch_size.py", "-k", "cuda"],
-            check=False, capture_output=True, text=True, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-        summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else "no output"
-        check(rows, "pytest GPU tests", tests.returncode == 0, summary)
-    print(f"\n{'check':<40} {'result':<7} detail")
-    for row in rows:
-        result = {True: "ok", False: "FAIL", None: "info"}[row["ok"]]
-        print(f"{row['check']:<40} {result:<7} {row['detail']}")
-    failed = [r["check"] for r in rows if r["ok"] is False]
-    device = torch.cuda.get_device_name(0) if gpu else "cpu"
-    line = json.dumps({
-        "check": "gpu_check_batch_size", "device": device, "model": args.model,
-        "precision": args.precision, "seconds": round(time.perf_counter() - start, 1),
-        "failed": failed, "rows": rows, "ours": ours, "lightning": theirs,
-        "versions": {"torch": torch.__version__, "lightning": pl.__version__},
-    })  # fmt: skip
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+        run_gpu_tests(rows, "tests/test_batch_size.py", "cuda")
+    print()
+    return finish(
+        "gpu_check_batch_size", rows, args.out, name_width=40, none_label="info",
+        device=torch.cuda.get_device_name(0) if gpu else "cpu", model=args.model,
+        precision=args.precision, seconds=round(time.perf_counter() - start, 1), ours=ours,
+        lightning=theirs, versions={"torch": torch.__version__, "lightning": pl.__version__},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

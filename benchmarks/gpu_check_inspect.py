@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checks import check, finish, run_gpu_tests
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ALLOCATE = (
@@ -43,10 +45,6 @@ def inspect_json(extra_env: dict[str, str] | None = None) -> tuple[dict[str, Any
         capture_output=True, text=True, env=env, check=True, timeout=60,
     )  # fmt: skip
     return json.loads(out.stdout), time.perf_counter() - start
-
-
-def check(rows: list[dict[str, Any]], name: str, ok: bool | None, detail: str) -> None:
-    rows.append({"check": name, "ok": ok, "detail": detail})
 
 
 def gpu_checks(rows: list[dict[str, Any]], data: dict[str, Any]) -> None:
@@ -107,25 +105,12 @@ def main() -> int:
     has_gpu = bool(data["gpus"]) and not args.smoke
     if has_gpu:
         gpu_checks(rows, data)
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "tests/test_resources.py", "-k", "real_gpu"],
-            check=False, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-        summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else "no output"
-        check(rows, "pytest GPU tests", tests.returncode == 0, summary)
+        run_gpu_tests(rows, "tests/test_resources.py", "real_gpu")
     else:
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
-    print(f"{'check':<36} {'result':<7} detail")
-    for row in rows:
-        result = {True: "ok", False: "FAIL", None: "skip"}[row["ok"]]
-        print(f"{row['check']:<36} {result:<7} {row['detail']}")
-    failed = [r["check"] for r in rows if r["ok"] is False]
-    line = json.dumps({"check": "gpu_check_inspect", "inspect_seconds": round(seconds, 3),
-                       "failed": failed, "rows": rows, "machine": data})  # fmt: skip
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+    return finish(
+        "gpu_check_inspect", rows, args.out, inspect_seconds=round(seconds, 3), machine=data
+    )
 
 
 if __name__ == "__main__":

@@ -20,10 +20,7 @@ Usage: ``PYTHONPATH=. python benchmarks/gpu_check_loader.py [--smoke] [--out FIL
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import subprocess
 import sys
 import time
 import warnings
@@ -35,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.checks import check, finish, run_gpu_tests  # noqa: E402
 from benchmarks.loader_jpeg import plan_settings, step_rate  # noqa: E402
 from benchmarks.runner import Config, run_ab, time_fit  # noqa: E402
 from benchmarks.workloads.jpeg import (  # noqa: E402
@@ -52,10 +50,6 @@ FULL = {"images": 2048, "image_size": 288, "crop": 224, "batch": 256, "model": "
         "warmup": 5, "steps": 30, "rounds": 2, "budget": 15.0}  # fmt: skip
 SMOKE = {"images": 64, "image_size": 48, "crop": 32, "batch": 16, "model": "resnet18",
          "warmup": 1, "steps": 2, "rounds": 1, "budget": 3.0}  # fmt: skip
-
-
-def check(rows: list[dict[str, Any]], name: str, ok: bool | None, detail: str) -> None:
-    rows.append({"check": name, "ok": ok, "detail": detail})
 
 
 def main() -> int:
@@ -124,27 +118,11 @@ def main() -> int:
     check(rows, "plan >= 2x Lightning defaults", vs_defaults >= 2 if gpu else None,
           f"{vs_defaults:.2f}x")  # fmt: skip
     if gpu:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "tests/test_loader.py", "-k", "gpu"],
-            check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-        summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else "no output"
-        check(rows, "pytest GPU tests", tests.returncode == 0, summary)
+        run_gpu_tests(rows, "tests/test_loader.py", "gpu")
     else:
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
-    print(f"{'check':<32} {'result':<7} detail")
-    for row in rows:
-        result_text = {True: "ok", False: "FAIL", None: "skip"}[row["ok"]]
-        print(f"{row['check']:<32} {result_text:<7} {row['detail']}")
-    failed = [r["check"] for r in rows if r["ok"] is False]
-    line = json.dumps({"check": "gpu_check_loader", "failed": failed, "rows": rows,
-                       "consumption_rate": rate, "plan": plan.to_dict(),
-                       "fits": result.to_dict()})  # fmt: skip
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+    return finish("gpu_check_loader", rows, args.out, name_width=32, consumption_rate=rate,
+                  plan=plan.to_dict(), fits=result.to_dict())  # fmt: skip
 
 
 if __name__ == "__main__":

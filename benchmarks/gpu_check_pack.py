@@ -20,23 +20,19 @@ Usage: ``PYTHONPATH=. python benchmarks/gpu_check_pack.py [--jobs 8] [--steps 30
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checks import check, finish
 from lightning_maxtp.pack import JobSpec, PackResult, plan_pack, run_jobs
 from lightning_maxtp.resources import inspect_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "examples" / "pack_train.py")
 OOM = "import torch; torch.empty(2**50, dtype=torch.uint8, device='cuda')"
-
-
-def check(rows: list[dict[str, Any]], name: str, ok: bool | None, detail: str) -> None:
-    rows.append({"check": name, "ok": ok, "detail": detail})
 
 
 def train_jobs(num_jobs: int, steps: int, width: int) -> list[JobSpec]:
@@ -100,22 +96,12 @@ def main() -> int:
               f"status {oom.status}, attempts {oom.attempts}")  # fmt: skip
     else:
         check(rows, "real CUDA OOM", None, "skipped: no free GPU (or --smoke)")
-    print(f"{'check':<36} {'result':<7} detail")
-    for row in rows:
-        result = {True: "ok", False: "FAIL", None: "skip"}[row["ok"]]
-        print(f"{row['check']:<36} {result:<7} {row['detail']}")
     print(packed)
-    failed = [r["check"] for r in rows if r["ok"] is False]
-    line = json.dumps({
-        "check": "gpu_check_pack", "jobs": args.jobs, "steps": args.steps, "width": args.width,
-        "sequential_s": round(seq_s, 3), "packed_s": round(packed_s, 3),
-        "ratio": round(ratio, 3), "failed": failed, "rows": rows,
-        "packed": packed.to_dict(), "machine": res.to_dict(),
-    })  # fmt: skip
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+    return finish(
+        "gpu_check_pack", rows, args.out, jobs=args.jobs, steps=args.steps, width=args.width,
+        sequential_s=round(seq_s, 3), packed_s=round(packed_s, 3), ratio=round(ratio, 3),
+        packed=packed.to_dict(), machine=res.to_dict(),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

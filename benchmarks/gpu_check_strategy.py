@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checks import check, finish, run_gpu_tests
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ALLOCATE = (
@@ -137,10 +139,6 @@ def run_item(item: str, steps: int, env: dict[str, str] | None = None) -> dict[s
     return result
 
 
-def check(rows: list[dict[str, Any]], name: str, ok: bool | None, detail: str) -> None:
-    rows.append({"check": name, "ok": ok, "detail": detail})
-
-
 def fit_checks(rows: list[dict[str, Any]], res: dict[str, Any], strategy: str, steps: int) -> None:
     item = res["item"]
     plans = res["plan_lines"]
@@ -226,27 +224,13 @@ def main() -> int:
         check(rows, f"plan {billions}B params, bf16-mixed", None, detail)
     if gpus and not args.smoke:
         results = gpu_checks(rows, args.steps, gpus)
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "tests/test_strategy.py", "-k", "real_gpu"],
-            check=False, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-        summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else "no output"
-        check(rows, "pytest GPU tests", tests.returncode == 0, summary)
+        run_gpu_tests(rows, "tests/test_strategy.py", "real_gpu")
     else:
         results = {"cpu": run_item("cpu", args.steps)}
         fit_checks(rows, results["cpu"], "SingleDeviceStrategy", args.steps)
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
-    print(f"{'check':<36} {'result':<7} detail")
-    for row in rows:
-        result = {True: "ok", False: "FAIL", None: "info"}[row["ok"]]
-        print(f"{row['check']:<36} {result:<7} {row['detail']}")
-    failed = [r["check"] for r in rows if r["ok"] is False]
-    line = json.dumps({"check": "gpu_check_strategy", "failed": failed, "rows": rows,
-                       "results": results, "machine": machine.to_dict()})  # fmt: skip
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+    return finish("gpu_check_strategy", rows, args.out, none_label="info", results=results,
+                  machine=machine.to_dict())  # fmt: skip
 
 
 if __name__ == "__main__":
