@@ -9,19 +9,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_maxtp import __version__
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
+def _positive(what: str) -> Callable[[str], float]:
+    """An argparse type for a number > 0; ``what`` names the expected unit in the error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_float = _positive("a number of GiB")
+_positive_seconds = _positive("seconds")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -46,16 +55,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(format_resources(res, workers))
     return 0
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
 
 
 def _cmd_triage(args: argparse.Namespace) -> int:
