@@ -21,7 +21,8 @@ def plan_line(cb: MaxThroughputCallback, trainer: pl.Trainer) -> str:
     gpus = ", ".join(g.name for g in res.gpus) or "none"
     budget = cb.max_workers if cb.max_workers is not None else res.advice.cpu_workers_per_process
     return (
-        f"maxtp plan: {res.cpu.effective} usable CPUs, worker budget {budget} per process, "
+        f"maxtp plan: {res.cpu.effective} usable CPUs, worker budget {budget} per process"
+        f"{'' if cb.max_workers is not None else ' (up to 4x for loading that waits on reads)'}, "
         f"GPUs: {gpus}; world size {trainer.world_size}. Warm up {cb.warmup_steps} steps, "
         f"baseline {cb.window_steps} steps, then one loader knob at a time (kept if >= "
         f"{cb.min_gain:.0%} faster), at most {cb.max_trials} trials / {cb.time_budget_s:.0f} s; "

@@ -83,6 +83,9 @@ class LoaderBudget:
         batch_bytes: Tensor bytes of one batch.
         limited_by: Which cap binds: ``cpu``, ``memory`` or ``shm``.
         time_budget_s: Seconds the tuning was allowed.
+        io_workers: ``cpu_workers`` raised because loading in the main process kept the CPU
+            busy only ``io_cpu_share`` of its time (it waits on reads); ``None``: not raised.
+        io_cpu_share: That measured share.
     """
 
     max_workers: int
@@ -96,6 +99,8 @@ class LoaderBudget:
     batch_bytes: int | None
     limited_by: str
     time_budget_s: float
+    io_workers: int | None = None
+    io_cpu_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -118,4 +123,9 @@ def budget_from(result: SearchResult, limits: Limits, time_budget_s: float) -> L
         batch_bytes=max(batches) if batches else None,
         limited_by=result.limited_by,
         time_budget_s=time_budget_s,
+        io_workers=result.io_workers,
+        io_cpu_share=next(
+            (c.cpu_share for c in result.candidates if c.cpu_share is not None and c.complete),
+            None,
+        ),
     )

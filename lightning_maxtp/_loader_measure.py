@@ -214,8 +214,11 @@ def _measure(
         min_batches = max(min_batches, 3 * num_workers + 1)
         segments: list[list[_Fetch]] = [[]]
         timed_s, batches = 0.0, 0
+        # Without workers the whole process loads (torch ops may use its other threads); with
+        # workers the main thread only receives batches.
+        cpu_clock = time.thread_time if num_workers else time.process_time
         while time.perf_counter() < deadline and (batches < min_batches or timed_s < slice_s):
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0 = time.perf_counter(), cpu_clock()
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -225,7 +228,7 @@ def _measure(
                 warm_left = 0
                 segments.append([])
                 continue
-            t1, c1 = time.perf_counter(), time.thread_time()
+            t1, c1 = time.perf_counter(), cpu_clock()
             if warm_left > 0:
                 warm_left -= 1
                 continue
@@ -239,6 +242,7 @@ def _measure(
     # With 0 workers all loading is serial with training (wall time: it may wait on I/O);
     # with workers only the hand-off runs on the main thread, which is CPU time.
     main_s = timed_s if num_workers == 0 else main_cpu_s
+    busy = min(1.0, main_cpu_s / timed_s) if num_workers == 0 and timed_s > 0 else None
     return LoaderCandidate(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor if num_workers else None,
@@ -251,6 +255,7 @@ def _measure(
         worker_memory_bytes=worker_memory,
         batch_bytes=batch_bytes,
         expected_rate=rate,
+        cpu_share=busy,
     )
 
 

@@ -65,7 +65,13 @@ def _cap_detail(budget: LoaderBudget) -> str:
             f"/dev/shm: {budget.batch_bytes / MIB:,.1f} MiB per batch in flight, "
             f"{(budget.shm_bytes or 0) / MIB:,.0f} MiB set aside, so {budget.shm_workers} fit"
         )
-    return f"the CPU budget: {budget.cpu_workers} worker(s) ({budget.cpu_source})"
+    text = f"the CPU budget: {budget.cpu_workers} worker(s) ({budget.cpu_source})"
+    if budget.io_workers is not None:
+        text += (
+            f", raised to {budget.io_workers} because loading waits on I/O (the main process "
+            f"kept a CPU busy {budget.io_cpu_share or 0:.0%} of its loading time)"
+        )
+    return text
 
 
 def _at_cap(result: SearchResult, budget: LoaderBudget, chosen: LoaderCandidate) -> str:

@@ -9,7 +9,10 @@ tested with canned measurements. The rule, from the project's seeds:
 2. Grow workers 1, 2, 4, 8, ... while each step gains >= 5 % (a step that looks flat is
    measured again, both sides, before growth stops); stop as soon as the loader reaches 1.25x
    the consumption rate (when known); never beyond the worker cap (CPU budget, RAM and
-   ``/dev/shm`` measured per worker).
+   ``/dev/shm`` measured per worker). When loading in the main process keeps the CPU busy
+   less than half the time it takes (it waits on reads: network storage, a slow disk), a
+   worker costs that share of a core, so the CPU budget is divided by the share, at most
+   ``IO_FACTOR`` times (the ``storage`` diagnosis uses the same multiple).
 3. Bisect between the last two counts for the fewest workers within 5 % of the best (or the
    fewest that reach the target), so doubling never buys workers that do not measurably help.
 4. At that count, try a deeper prefetch (4 instead of 2); keep it only if it gains >= 5 %.
@@ -22,6 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 __all__ = [
+    "IO_BOUND_SHARE",
+    "IO_FACTOR",
     "MIN_GAIN",
     "TARGET_MARGIN",
     "LoaderCandidate",
@@ -37,6 +42,10 @@ TARGET_MARGIN = 1.25
 """The loader should outrun the device's consumption rate by this factor."""
 DEFAULT_PREFETCH = 2
 DEEP_PREFETCH = 4
+IO_BOUND_SHARE = 0.5
+"""Loading that keeps the CPU busy less than this share of its time is waiting on I/O."""
+IO_FACTOR = 4
+"""Most workers per CPU-budget worker when loading waits on I/O."""
 MIN_TIMED_BATCHES = 3
 """A candidate with fewer timed batches than this is reported but never chosen."""
 
@@ -63,6 +72,9 @@ class LoaderCandidate:
             the loader's rate with workers, and with 0 workers the same formula for a device
             as fast as the fastest loader setting measured.
         note: Why the candidate was not eligible, if it was not.
+        cpu_share: With 0 workers, CPU seconds the process spent per second of loading
+            (``None`` with workers). Well under 1, loading mostly waits (on reads), so
+            workers beyond the CPU budget can still pay.
     """
 
     num_workers: int
@@ -77,6 +89,7 @@ class LoaderCandidate:
     batch_bytes: int | None = None
     expected_rate: float = 0.0
     note: str = ""
+    cpu_share: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -108,17 +121,19 @@ class SearchResult:
     device_rate: float | None = None
     """The rate ``expected_rate`` assumed for the device: the consumption rate or the fastest
     loader rate measured."""
+    io_workers: int | None = None
+    """The CPU cap raised because loading waits on I/O (``None``: not raised)."""
 
     @property
     def max_workers(self) -> int:
         """The binding worker cap."""
-        caps = [self.cpu_workers, self.memory_workers, self.shm_workers]
+        caps = [self.io_workers or self.cpu_workers, self.memory_workers, self.shm_workers]
         return min(c for c in caps if c is not None)
 
     @property
     def limited_by(self) -> str:
         """Which cap binds: ``cpu``, ``memory`` or ``shm`` (the first of equals)."""
-        caps = [("cpu", self.cpu_workers), ("memory", self.memory_workers)]
+        caps = [("cpu", self.io_workers or self.cpu_workers), ("memory", self.memory_workers)]
         caps.append(("shm", self.shm_workers))
         return min((v, i, k) for i, (k, v) in enumerate(caps) if v is not None)[2]
 
@@ -159,9 +174,12 @@ class _Search:
         consumption_rate: float | None,
         memory_bytes: int | None,
         shm_bytes: int | None,
+        raise_for_io: bool,
     ) -> None:
         self.measure, self.consumption = measure, consumption_rate
         self.cpu_workers, self.memory_bytes, self.shm_bytes = cpu_workers, memory_bytes, shm_bytes
+        self.raise_for_io = raise_for_io
+        self.io_workers: int | None = None
         self.memory_workers: int | None = None
         self.shm_workers: int | None = None
         self.tried: list[LoaderCandidate] = []
@@ -169,8 +187,20 @@ class _Search:
 
     @property
     def cap(self) -> int:
-        caps = [self.cpu_workers, self.memory_workers, self.shm_workers]
+        caps = [self.io_workers or self.cpu_workers, self.memory_workers, self.shm_workers]
         return min(c for c in caps if c is not None)
+
+    def raise_cap_for_io(self, base: LoaderCandidate) -> None:
+        """Divide the CPU budget by the CPU share of loading when it mostly waits on I/O."""
+        share = base.cpu_share
+        if not self.raise_for_io or not base.complete or share is None:
+            return
+        if share >= IO_BOUND_SHARE:
+            return
+        cpus = max(self.cpu_workers, 1)
+        raised = min(IO_FACTOR * cpus, int(cpus / max(share, 1e-9)))
+        if raised > self.cpu_workers:
+            self.io_workers = raised
 
     @property
     def device_rate(self) -> float | None:
@@ -260,6 +290,8 @@ class _Search:
         base = self.run(0, None)
         if base is not None and meets_target(base, self.consumption):
             return "target"
+        if base is not None:
+            self.raise_cap_for_io(base)
         previous: LoaderCandidate | None = None
         workers = 1
         while workers <= self.cap:
@@ -310,6 +342,7 @@ def search(
     memory_bytes: int | None = None,
     shm_bytes: int | None = None,
     try_deep_prefetch: bool = True,
+    raise_for_io: bool = True,
 ) -> SearchResult:
     """Measure settings by the rule in the module docstring and pick the cheapest good one.
 
@@ -328,6 +361,8 @@ def search(
         memory_bytes: RAM the workers may use together (``None``: unlimited).
         shm_bytes: ``/dev/shm`` the in-flight batches may use (``None``: unlimited).
         try_deep_prefetch: Whether to try ``prefetch_factor=4`` at the chosen worker count.
+        raise_for_io: Whether ``cpu_workers`` may be raised when loading waits on I/O (off
+            when the caller's own ``max_workers`` set it).
 
     Returns:
         Every candidate in the order measured (scored), the chosen one and why growing stopped.
@@ -338,6 +373,7 @@ def search(
         consumption_rate=consumption_rate,
         memory_bytes=memory_bytes,
         shm_bytes=shm_bytes,
+        raise_for_io=raise_for_io,
     )
     stop = s.grow()
     s.trim()
@@ -359,4 +395,5 @@ def search(
         stop=stop,
         target_met=target_met,
         device_rate=s.device_rate,
+        io_workers=s.io_workers,
     )

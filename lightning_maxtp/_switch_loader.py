@@ -11,6 +11,7 @@ one the user's sampler produced, with no batch skipped or seen twice.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -173,15 +174,18 @@ class SwitchableLoader(DataLoader[Any]):
         self._current = None
 
     def _start(self, *, fresh_rng: bool) -> Any:
-        if fresh_rng:
-            import torch
+        with warnings.catch_warnings():
+            if self.switches:  # our settings: more workers than CPUs pays for waiting reads
+                warnings.filterwarnings("ignore", message=r".*worker processes in total")
+            if fresh_rng:
+                import torch
 
-            # A replacement iterator draws its worker base seed from the global RNG; keep the
-            # training's own random stream where it would have been without the switch.
-            with torch.random.fork_rng(devices=[]):
+                # A replacement iterator draws its worker base seed from the global RNG; keep
+                # the training's own random stream where it would have been without the switch.
+                with torch.random.fork_rng(devices=[]):
+                    it = super().__iter__()
+            else:
                 it = super().__iter__()
-        else:
-            it = super().__iter__()
         self._current = it
         return it
 

@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 _LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+_NEED_WORKERS = ("prefetch_factor", "persistent_workers")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class TuningSummary:
     settings: dict[str, Any] = field(default_factory=dict)
     """Loader settings in force after tuning."""
     notes: tuple[str, ...] = ()
+    finished: bool = False
+    """Whether tuning ended before the fit did (``False``: the fit ended mid-tuning, or the
+    summary was read while tuning)."""
 
     @property
     def speedup(self) -> float | None:
@@ -103,6 +107,7 @@ class TuningSummary:
             "stop_reason": self.stop_reason,
             "settings": dict(self.settings),
             "notes": list(self.notes),
+            "finished": self.finished,
         }
 
     def __str__(self) -> str:
@@ -146,7 +151,7 @@ def next_change(
             continue
         if rec.knob == "pin_memory" and device_type != "cuda":
             continue
-        if rec.knob in ("prefetch_factor", "persistent_workers") and not settings["num_workers"]:
+        if rec.knob in _NEED_WORKERS and not settings["num_workers"]:
             continue
         if settings.get(rec.knob) == rec.proposed or (rec.knob, repr(rec.proposed)) in tried:
             continue
@@ -155,15 +160,24 @@ def next_change(
 
 
 def remaining(
-    diagnoses: tuple[Diagnosis, ...], tried: set[tuple[str, str]]
+    diagnoses: tuple[Diagnosis, ...],
+    tried: set[tuple[str, str]],
+    settings: dict[str, Any] | None = None,
 ) -> tuple[Diagnosis, ...]:
-    """The diagnoses without the recommendations already tried and reverted (not "next" now)."""
-    return tuple(
-        replace(d, recommendations=tuple(
-            r for r in d.recommendations if (r.knob, repr(r.proposed)) not in tried
-        ))
-        for d in diagnoses
-    )  # fmt: skip
+    """The diagnoses without the recommendations that no longer apply.
+
+    Those are the knobs tried and reverted, and the worker-only knobs (prefetch, persistence)
+    when ``settings`` leave the loader without workers and no ``num_workers`` change is offered.
+    """
+
+    def keep(d: Diagnosis) -> tuple[Any, ...]:
+        recs = [r for r in d.recommendations if (r.knob, repr(r.proposed)) not in tried]
+        no_workers = settings is not None and not settings.get("num_workers")
+        if no_workers and not any(r.knob == "num_workers" for r in recs):
+            recs = [r for r in recs if r.knob not in _NEED_WORKERS]
+        return tuple(recs)
+
+    return tuple(replace(d, recommendations=keep(d)) for d in diagnoses)
 
 
 def fmt_settings(settings: Any) -> str:

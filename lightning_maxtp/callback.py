@@ -19,16 +19,9 @@ from typing_extensions import override
 
 from lightning_maxtp._callback_args import check_arguments
 from lightning_maxtp._callback_glue import measure_loader, plan_change, plan_line
+from lightning_maxtp._loop import Change, TuningLoop, window_rate
 from lightning_maxtp._switch_loader import SwitchableLoader, switchable_reason
-from lightning_maxtp._tuning import (
-    KnobTrial,
-    TuningSummary,
-    fmt_settings,
-    next_change,
-    remaining,
-    robust_rate,
-    top_line,
-)
+from lightning_maxtp._tuning import KnobTrial, TuningSummary, fmt_settings, remaining, top_line
 from lightning_maxtp.monitor import BottleneckMonitor
 from lightning_maxtp.report import KnobChange, ThroughputReport
 from lightning_maxtp.window import Window
@@ -39,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["MaxThroughputCallback"]
 
 log = logging.getLogger(__name__)
-
-_DATA_KINDS = ("data_pipeline", "storage")
 
 
 class MaxThroughputCallback(BottleneckMonitor):
@@ -70,7 +61,8 @@ class MaxThroughputCallback(BottleneckMonitor):
         tune_loader: Run ``tune_dataloader`` against the measured consumption rate when the
             baseline is data-bound, and try its settings first.
         loader_time_budget_s: Time budget of that loader measurement.
-        max_workers: Worker cap (default: the probe's CPU budget per device process).
+        max_workers: Worker cap (default: the probe's CPU budget per device process, which
+            ``tune_dataloader`` raises up to 4x when loading mostly waits on reads).
         allow_batch_size_change: Run ``find_batch_size`` before training and apply its batch
             (changes the optimization; off by default).
         monitor_window_steps: Window length after tuning (cheap monitoring).
@@ -111,7 +103,6 @@ class MaxThroughputCallback(BottleneckMonitor):
         self.tune_loader, self.loader_time_budget_s = tune_loader, loader_time_budget_s
         self.max_workers, self.allow_batch_size_change = max_workers, allow_batch_size_change
         self.monitor_window_steps, self.drift_share = monitor_window_steps, drift_share
-        self.trials: list[KnobTrial] = []
         self.knob_changes: list[KnobChange] = []
         self.batch_plan: Any = None
         self.loader_plan: Any = None
@@ -121,16 +112,11 @@ class MaxThroughputCallback(BottleneckMonitor):
         self.loader: SwitchableLoader | None = None
         self.source_loader: Any = None
         self.resources: Any = None
-        self._phase = "warmup"  # warmup -> baseline -> settle/trial ... -> monitor
-        self._steps = 0
-        self._settle_left = 0
-        self._ref: Window | None = None
-        self._trial: tuple[str, Any, Any, str, int] | None = None
-        self._tried: set[tuple[str, str]] = set()
-        self._t_start: float | None = None
-        self._tuning_s, self._tuning_steps = 0.0, 0
-        self._stop_reason = "the fit ended before tuning finished"
-        self._baseline: float | None = None
+        self.loop = TuningLoop(
+            warmup_steps=self.warmup_steps, settle_steps=self.settle_steps,
+            min_gain=self.min_gain, max_trials=self.max_trials,
+            time_budget_s=self.time_budget_s, max_workers=self.max_workers,
+        )  # fmt: skip
         self._notes: list[str] = []
         self._drifted = False
 
@@ -144,7 +130,7 @@ class MaxThroughputCallback(BottleneckMonitor):
         from lightning_maxtp.resources import inspect_resources
 
         self._reset_loop()
-        self.trials, self.knob_changes = [], []
+        self.knob_changes = []
         self.batch_plan, self.loader_plan = None, None
         self.resources = inspect_resources()
         previous = private.dataloader_transform(trainer)
@@ -195,96 +181,72 @@ class MaxThroughputCallback(BottleneckMonitor):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._steps += 1
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self._phase == "warmup" and self._steps >= self.warmup_steps:
-            self._t_start = time.perf_counter()
-            self._measure("baseline")
-        elif self._phase == "settle" and self.loader is not None and self.loader.switched:
-            # Counted once the old workers drained their in-flight batches (deterministic, so
-            # every DDP rank closes its window at the same step).
-            self._settle_left -= 1
-            if self._settle_left <= 0:
-                self._measure("trial")
-
-    def _measure(self, phase: str) -> None:
-        self._reset_buffer()  # the next window starts at this step boundary
-        self._phase = phase
+        # Settle steps count once the old workers drained their in-flight batches
+        # (deterministic, so every DDP rank closes its window at the same step).
+        if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
+            self._reset_buffer()  # the measured window starts at this step boundary
 
     @override
     def on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        if self._phase in ("baseline", "trial"):
+        if self.loop.measuring:
             self._capture_armed = False  # no profiler inside a measured window
             self.diagnoses.append(tuple(_diagnose(window)))
             self._log(trainer, window, self.diagnoses[-1])
             self._tuning_step(trainer, window)
+            self._show_progress(trainer, window)
             return
         super().on_window(trainer, window)
-        if self._phase == "monitor":
+        if self.loop.finished:
             self._watch_drift(window)
 
     def _tuning_step(self, trainer: pl.Trainer, window: Window) -> None:
-        if self._phase == "baseline":
-            self._ref, self._baseline = window, _rate(window)
-            self._say(
-                f"baseline {_rate(window):.1f} samples/s over {window.steps} steps, "
-                f"data wait {window.data_wait_share:.0%}; {top_line(self.diagnoses[-1])}"
-            )
+        found, loop = self.diagnoses[-1], self.loop
+        if loop.phase == "baseline":
+            loop.record_baseline(window, found)
+            self._say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
+                      f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
         else:
-            kept = self._pays(window) if trainer.is_global_zero else None
+            kept = loop.pays(window) if trainer.is_global_zero else None
             if trainer.world_size > 1:
                 kept = trainer.strategy.broadcast(kept, src=0)
-            self._finish_trial(window, bool(kept))
+            self._finish_trial(window, bool(kept), found)
         decision = self._decide(window) if trainer.is_global_zero else None
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
         if decision is None or isinstance(decision, str):
-            self._stop(decision or "no loader", trainer)
+            self._stop(decision or "no loader")
         else:
             self._start_trial(trainer, *decision)
 
-    def _decide(self, window: Window) -> tuple[str, dict[str, Any], str] | str | None:
-        """Rank zero: ``(knob, settings, reason)`` to try next, or why the loop stops."""
+    def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
+        """Tuning progress in the progress bar: rate of the window, trials, whether done."""
+        module = trainer.lightning_module
+        shown = {"maxtp_samples_s": window_rate(window), "maxtp_trials": len(self.trials),
+                 "maxtp_tuning": float(not self.loop.finished)}  # fmt: skip
+        for name, value in shown.items():
+            module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
+
+    def _decide(self, window: Window) -> Change | str:
+        """Rank zero: the next trial, or why the loop stops."""
         if self.loader is None:
             return "the train loader cannot be switched (see notes)"
-        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
-        if len(self.trials) >= self.max_trials:
-            return f"max_trials={self.max_trials} reached"
-        if elapsed >= self.time_budget_s:
-            return f"time_budget_s={self.time_budget_s:g} spent"
         settings = self.loader.settings()
-        found = self.diagnoses[-1]
-        if self.tune_loader and self.loader_plan is None and found and (
-            found[0].kind.value in _DATA_KINDS
-        ):  # fmt: skip
-            planned = self._loader_plan(window, settings)
-            if planned is not None:
-                return planned
-        change = next_change(found, settings, self._tried, device_type=window.context.device_type)
-        if change is not None and change[0] == "num_workers" and self.max_workers is not None:
-            # The recommendation already respects the probe's budget; only a user cap is added.
-            value = min(int(change[1]), self.max_workers)
-            change = None if value <= settings["num_workers"] else (change[0], value, change[2])
-        if change is None:
-            kind = found[0].kind.value if found else "unknown"
-            if kind == "healthy":
-                return "no bottleneck above threshold: nothing to tune"
-            return f"no auto-applicable knob left for the {kind} bottleneck"
-        knob, value, reason = change
-        return knob, {knob: value}, reason
+        plan = self._plan_change if self.tune_loader and self.loader_plan is None else None
+        return self.loop.decide(settings, device_type=self.context.device_type, loader_plan=plan)
 
-    def _loader_plan(
-        self, window: Window, settings: dict[str, Any]
-    ) -> tuple[str, dict[str, Any], str] | None:
-        rate = window.device_samples_per_s
+    def _plan_change(self) -> Change | None:
+        """Step 3: ``tune_dataloader`` against the reference window's consumption rate."""
+        assert self.loop.ref is not None and self.loader is not None
+        rate = self.loop.ref.device_samples_per_s
         self._say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
         try:
-            self.loader_plan = measure_loader(self, window)
+            self.loader_plan = measure_loader(self, self.loop.ref)
         except Exception as err:  # advisory: the diagnosis loop still runs without it
             self._note(f"tune_dataloader failed, skipped: {err!r}")
             self.loader_plan = False
             return None
-        return plan_change(self.loader_plan, settings)
+        return plan_change(self.loader_plan, self.loader.settings())
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
         assert self.loader is not None
@@ -292,54 +254,37 @@ class MaxThroughputCallback(BottleneckMonitor):
         self.loader.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.context = dataclasses.replace(self.context, **self.loader.settings())
-        self._trial = (knob, old, new, why, trainer.global_step)
+        self.loop.start(knob, old, new, why, trainer.global_step)
         self._record_change(knob, old, new, f"trying: {why}")
         self._say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
-        self._settle_left, self._phase = self.settle_steps, "settle"
-        if self.settle_steps == 0:
-            self._measure("trial")
+        if self.loop.measuring:  # settle_steps=0: the trial window starts now
+            self._reset_buffer()
 
-    def _pays(self, window: Window) -> bool:
-        assert self._ref is not None
-        before = _rate(self._ref)
-        return before > 0 and _rate(window) >= before * (1 + self.min_gain)
-
-    def _finish_trial(self, window: Window, kept: bool) -> None:
-        assert self._trial is not None and self._ref is not None and self.loader is not None
-        knob, old, new, why, step = self._trial
-        before, after = _rate(self._ref), _rate(window)
-        shown_old = old[knob] if knob in old else fmt_settings(old)
-        shown_new = new[knob] if knob in new else fmt_settings(new)
-        trial = KnobTrial(knob, shown_old, shown_new, why, before, after, kept, step, window.steps)
-        self.trials.append(trial)
+    def _finish_trial(self, window: Window, kept: bool, found: tuple[Any, ...]) -> None:
+        assert self.loader is not None and self.loop.pending is not None
+        old, new = self.loop.pending
+        trial = self.loop.finish(window, kept, found)
         self._say(str(trial))
-        if kept:
-            self._ref = window
-        else:
-            self._tried |= {(k, repr(v)) for k, v in new.items()}
+        if not kept:
             self.loader.request(**old)
             self._record_change(
-                knob, new, old, f"reverted: {trial.gain:+.1%} < {self.min_gain:.0%}"
+                trial.knob, new, old, f"reverted: {trial.gain:+.1%} < {self.min_gain:.0%}"
             )
         self.context = dataclasses.replace(self.context, **self.loader.settings())
-        self._trial = None
 
-    def _stop(self, reason: str, trainer: pl.Trainer) -> None:
-        self._stop_reason = reason
-        self._phase = "monitor"
+    def _stop(self, reason: str) -> None:
+        self.loop.stop(reason)
         self.window_steps = self.monitor_window_steps
-        self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
-        self._tuning_steps = self._steps - self.warmup_steps
-        self._say(f"tuning done after {self._tuning_s:.1f} s: {reason}; now monitoring every "
-                  f"{self.monitor_window_steps} steps")  # fmt: skip
+        self._say(f"tuning done after {self.tuning.tuning_s:.1f} s: {reason}; now monitoring "
+                  f"every {self.monitor_window_steps} steps")  # fmt: skip
 
     def _watch_drift(self, window: Window) -> None:
-        tuned = _rate(self._ref) if self._ref is not None else None
-        slow = tuned and _rate(window) < (1 - self.drift_share) * tuned
+        tuned = window_rate(self.loop.ref) if self.loop.ref is not None else None
+        slow = tuned and window_rate(window) < (1 - self.drift_share) * tuned
         if slow and not self._drifted:
             self._drifted = True
             self._note(f"throughput drifted at step {window.first_step}: "
-                       f"{_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
+                       f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
                        f"{top_line(self.diagnoses[-1] if self.diagnoses else ())}")  # fmt: skip
 
     # -- report -----------------------------------------------------------------------------
@@ -361,27 +306,22 @@ class MaxThroughputCallback(BottleneckMonitor):
         log.debug(text)
 
     @property
+    def trials(self) -> list[KnobTrial]:
+        """Every knob trial so far, in order."""
+        return self.loop.trials
+
+    @property
     def tuning(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        tuning_s = self._tuning_s
-        if self._phase != "monitor" and self._t_start is not None:
-            tuning_s = time.perf_counter() - self._t_start
-        return TuningSummary(
-            trials=tuple(self.trials), baseline_samples_per_s=self._baseline,
-            tuned_samples_per_s=_rate(self._ref) if self._ref is not None else None,
-            tuning_s=tuning_s,
-            tuning_steps=self._tuning_steps or max(0, self._steps - self.warmup_steps),
-            stop_reason=self._stop_reason,
-            settings=self.loader.settings() if self.loader is not None else {},
-            notes=tuple(self._notes),
-        )  # fmt: skip
+        settings = self.loader.settings() if self.loader is not None else {}
+        return self.loop.summary(settings, tuple(self._notes))
 
     @override
     def _build_report(self) -> ThroughputReport:
         report = super()._build_report()
         tuning = self.tuning
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
-        left = remaining(report.diagnoses, self._tried)
+        left = remaining(report.diagnoses, self.loop.tried, tuning.settings)
         return dataclasses.replace(
             report, diagnoses=left, knob_changes=tuple(self.knob_changes),
             notes=(*notes, *self._notes),
@@ -389,9 +329,7 @@ class MaxThroughputCallback(BottleneckMonitor):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._phase != "monitor":
-            self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
-            self._tuning_steps = max(0, self._steps - self.warmup_steps)
+        self.loop.end()
         super().on_train_end(trainer, pl_module)
         if self.verbose:
             rank_zero_info(str(self.tuning))
@@ -409,7 +347,3 @@ def _diagnose(window: Window) -> list[Any]:
     from lightning_maxtp.diagnosis import diagnose
 
     return diagnose(window)
-
-
-def _rate(window: Window) -> float:
-    return robust_rate(window.step_time_s, window.samples)

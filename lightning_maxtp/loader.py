@@ -161,14 +161,16 @@ def tune_dataloader(
 
     Workers grow 1, 2, 4, ... while each step gains >= 5 %, stop once the loader reaches 1.25x
     ``consumption_rate``, and never exceed the CPU, RAM or ``/dev/shm`` budget; the fewest
-    workers within 5 % of the best (or reaching the target) win. Random states are restored
+    workers within 5 % of the best (or reaching the target) win. When loading in the main
+    process mostly waits (on reads), the CPU budget is raised up to 4x (``LoaderBudget.io_workers``)
+    unless ``max_workers`` is given. Random states are restored
     afterwards and no worker process is left behind.
 
     Args:
         loader: The DataLoader to tune; it is not modified (its pipeline is re-run).
         consumption_rate: Samples/s the training step consumes with data ready, if known.
         time_budget_s: Wall-time budget for all measurements.
-        max_workers: Worker cap, instead of the probe's CPU budget.
+        max_workers: Worker cap, instead of the probe's CPU budget (never raised for I/O).
         local_world_size: Device processes on this node sharing the CPUs, RAM and
             ``/dev/shm`` (default: ``LOCAL_WORLD_SIZE`` or the probe's device processes).
         pin_memory: Pin batches (default: when CUDA is available).
@@ -242,6 +244,7 @@ def tune_dataloader(
             consumption_rate=consumption_rate,
             memory_bytes=limits.memory_bytes,
             shm_bytes=limits.shm_bytes,
+            raise_for_io=max_workers is None,
         )
     budget = budget_from(result, limits, time_budget_s)
     chosen = result.chosen

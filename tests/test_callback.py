@@ -80,7 +80,12 @@ def _fit(callback: MaxThroughputCallback | None, **kwargs: Any) -> list[int]:
     pl.seed_everything(7, verbose=False)
     model = IdModel()
     loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
-    _trainer([callback] if callback else [], **kwargs).fit(model, loader)
+    trainer = _trainer([callback] if callback else [], **kwargs)
+    trainer.fit(model, loader)
+    if callback is not None:  # the tuning's progress is in the progress bar's metrics
+        shown = trainer.progress_bar_metrics
+        assert shown["maxtp_trials"] == len(callback.trials), shown
+        assert shown["maxtp_samples_s"] > 0 and shown["maxtp_tuning"] in (0.0, 1.0), shown
     return model.ids
 
 
@@ -97,7 +102,7 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
     assert trial.after_samples_per_s > trial.before_samples_per_s > 0
     assert callback.loader is not None and callback.loader.num_workers == trial.new
     summary = callback.tuning
-    assert summary.stop_reason == "max_trials=1 reached"
+    assert summary.stop_reason == "max_trials=1 reached" and summary.finished
     assert summary.speedup is not None and summary.speedup >= 1.05
     assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= 2 * 8
 

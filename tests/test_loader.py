@@ -94,6 +94,27 @@ def oversubscribed() -> bool:
     return os.getloadavg()[0] > (os.cpu_count() or 1)
 
 
+def test_reads_that_wait_raise_the_cpu_budget_and_decoding_does_not() -> None:
+    from lightning_maxtp.resources import inspect_resources
+
+    res = inspect_resources()
+    cpu_budget = max(0, res.cpu.effective - 1)  # one device process: this one
+    loader = DataLoader(SleepDataset(4000, sleep_s=0.004), batch_size=8)
+    plan = tune_dataloader(loader, time_budget_s=4, local_world_size=1, resources=res)
+    base = plan.candidates[0]
+    assert base.num_workers == 0 and base.cpu_share is not None and base.cpu_share < 0.5
+    cpus = max(cpu_budget, 1)
+    assert plan.budget.io_workers == min(4 * cpus, int(cpus / base.cpu_share)), str(plan)
+    assert plan.num_workers > max(cpu_budget, 1), str(plan)  # sleeping workers cost no core
+    if plan.num_workers == plan.budget.max_workers:  # the reason names the raised cap
+        assert "because loading waits on I/O" in plan.reason, str(plan)
+
+    decode = DataLoader(DecodeDataset(count=48), batch_size=8)
+    plan = tune_dataloader(decode, time_budget_s=2, local_world_size=1, resources=res)
+    share = plan.candidates[0].cpu_share
+    assert share is not None and share > 0.5 and plan.budget.io_workers is None, str(plan)
+
+
 def test_cheap_in_memory_dataset_keeps_loading_in_the_main_process() -> None:
     data = TensorDataset(torch.randn(4096, 8), torch.arange(4096))
     loader = DataLoader(data, batch_size=64, shuffle=True)

@@ -30,8 +30,9 @@ class Table:
         worker_bytes: int = 10 * MIB,
         batch_bytes: int = MIB,
         calls_allowed: int = 100,
+        cpu_share: float = 1.0,
     ) -> None:
-        self.rate, self.main_s = rate, main_s
+        self.rate, self.main_s, self.cpu_share = rate, main_s, cpu_share
         self.worker_bytes, self.batch_bytes = worker_bytes, batch_bytes
         self.calls_allowed = calls_allowed
         self.tried: list[tuple[int, int | None]] = []
@@ -52,6 +53,7 @@ class Table:
             main_thread_s_per_sample=1 / r if workers == 0 else self.main_s,
             worker_memory_bytes=self.worker_bytes if workers else None,
             batch_bytes=self.batch_bytes,
+            cpu_share=self.cpu_share if workers == 0 else None,
         )
 
 
@@ -131,6 +133,25 @@ def test_memory_cap_limits_workers_and_says_so() -> None:
     assert result.chosen is not None and result.chosen.num_workers == 2
     reason = explain(result, _budget(result, memory_bytes=250 * MIB), None, "").reason
     assert "RAM: each worker uses 100 MiB and 250 MiB are set aside for workers, so 2 fit" in reason
+
+
+def test_loading_that_waits_on_reads_may_use_more_workers_than_cpus() -> None:
+    # Loading in the main process keeps a CPU busy 20 % of the time: a worker costs a fifth
+    # of a core, so the budget of 1 worker is raised to 1 / 0.2 = 5, at most 4 x 1.
+    table = Table(saturating(knee=16), cpu_share=0.2)
+    result = search(table, cpu_workers=1, try_deep_prefetch=False)
+    assert table.tried == [(0, None), (1, 2), (2, 2), (4, 2), (3, 2)]  # 3: the bisection
+    assert result.io_workers == 4 and result.max_workers == 4 and result.stop == "cap"
+    assert result.chosen is not None and result.chosen.num_workers == 4
+    reason = explain(result, _budget(result), None, "").reason
+    assert "raised to 4 because loading waits on I/O (the main process kept a CPU busy 20%" in (
+        reason
+    )
+    # The share sets the multiple below 4; a CPU-bound loader and a user cap are never raised.
+    assert search(Table(saturating(16), cpu_share=0.4), cpu_workers=1).io_workers == 2
+    assert search(Table(saturating(16), cpu_share=0.9), cpu_workers=1).io_workers is None
+    capped = search(Table(saturating(16), cpu_share=0.2), cpu_workers=1, raise_for_io=False)
+    assert capped.io_workers is None and capped.max_workers == 1
 
 
 def test_shm_cap_counts_batches_in_flight() -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -169,9 +170,14 @@ class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):
     Args:
         root: Directory with one subdirectory of ``.jpg`` files per class.
         crop: Output side in pixels.
+        read_latency_s: Seconds each file read waits before it starts, as a read from network
+            storage (NFS, an object store) does; 0 reads the local disk as it is.
     """
 
-    def __init__(self, root: Path | str, crop: int = 128) -> None:
+    def __init__(self, root: Path | str, crop: int = 128, read_latency_s: float = 0.0) -> None:
+        if read_latency_s < 0:
+            raise ValueError(f"read_latency_s must be >= 0 seconds, got {read_latency_s!r}")
+        self.read_latency_s = read_latency_s
         self.root = Path(root)
         self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
         self.samples = [
@@ -195,6 +201,8 @@ class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
+        if self.read_latency_s:
+            time.sleep(self.read_latency_s)
         with Image.open(path) as image:
             tensor = self.transform(image.convert("RGB"))
         return tensor, label
