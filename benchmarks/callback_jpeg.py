@@ -4,6 +4,8 @@ A/B/C alternating rounds on one machine.
 
 1. Sweep (one round, loader settings on the training run): num_workers 0..CPUs, 2x and 4x CPUs
    (more workers than CPUs pay when reads wait) x prefetch 2/4; the fastest is "sweep-best".
+   Every fit's loader has ``--tail`` batches more than the fit trains on, so the timed steps
+   always have loading beside them (steady state, not a drained queue at the end).
 2. A/B/C rounds: ``lightning-defaults`` (batch 32, 0 workers), ``callback`` (the same loader plus
    the callback; timed after ``--warmup-callback`` steps, which must cover the tuning, and the
    table says whether it did), ``sweep-best``.
@@ -45,7 +47,10 @@ def timed_fit(
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=[c for c in (callback, timer) if c is not None],
     )  # fmt: skip
-    loader = make_loader(dataset, settings, steps=warmup + args.steps)
+    # The loader runs on past the last timed step: a loader that ends with the fit lets a deep
+    # queue (workers x prefetch batches) finish loading early, and the last steps then train
+    # without any loading beside them, which flatters deep queues in a short run.
+    loader = make_loader(dataset, settings, steps=warmup + args.steps + args.tail)
     trainer.fit(ImageClassifier(args.model, num_classes=classes), train_dataloaders=loader)
     assert timer.start is not None and timer.stop is not None
     return Measurement(timer.samples, timer.stop - timer.start, args.steps, warmup), callback
@@ -73,8 +78,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=60, help="untimed steps (as the callback's)")
     p.add_argument("--warmup-callback", type=int, default=60)
+    p.add_argument("--tail", type=int, default=64, help="batches the loader has past the end")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--max-trials", type=int, default=3)
     p.add_argument("--loader-budget", type=float, default=8.0)
@@ -87,6 +93,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.images, args.image_size, args.crop, args.steps, args.rounds = 64, 64, 32, 3, 1
+        args.warmup, args.tail = 3, 8
         args.warmup_callback, args.window, args.max_trials, args.loader_budget = 14, 3, 1, 2.0
     return args
 

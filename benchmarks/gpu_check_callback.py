@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 GPU_ARGS = [
     "--device", "cuda", "--model", "resnet50", "--images", "4096", "--image-size", "288",
-    "--crop", "224", "--steps", "30", "--warmup", "5", "--warmup-callback", "100",
+    "--crop", "224", "--steps", "30", "--warmup", "100", "--warmup-callback", "100",
     "--window", "12", "--max-trials", "4", "--loader-budget", "15", "--rounds", "1",
     "--sweep-workers", "0,4,8,15", "--read-latency-ms", "0",
 ]  # fmt: skip
