@@ -14,8 +14,18 @@ import pytest
 _GRACE_S = 10.0
 
 
+_SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Helpers multiprocessing starts once per interpreter and keeps until it exits: not leaks."""
+
+
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(name in " ".join(child.cmdline()) for name in _SINGLETONS):
+                continue
+        found.add(child.pid)
+    return found
 
 
 def _threads() -> set[threading.Thread]:
