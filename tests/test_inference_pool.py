@@ -196,6 +196,15 @@ def test_a_killed_worker_is_replaced_and_every_item_arrives_once(
     assert "[maxtp] inference: 64 items" in capsys.readouterr().err
 
 
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler during the test, whatever was installed before."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_sigint")
 def test_keyboard_interrupt_and_exceptions_stop_every_worker() -> None:
     slow = functools.partial(make_model, 0.3)
     pool = BatchInferencePool(slow, devices="cpu", workers_per_device=1, batch_size=2)
