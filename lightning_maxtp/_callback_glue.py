@@ -19,10 +19,13 @@ def plan_line(cb: MaxThroughputCallback, trainer: pl.Trainer) -> str:
     """The rank-zero summary printed before training: the machine and what the loop will do."""
     res = cb.resources
     gpus = ", ".join(g.name for g in res.gpus) or "none"
+    from lightning_maxtp._thresholds import IO_WORKER_FACTOR
+
     budget = cb.max_workers if cb.max_workers is not None else res.advice.cpu_workers_per_process
+    raised = f" (up to {IO_WORKER_FACTOR}x for loading that waits on reads)"
     return (
         f"maxtp plan: {res.cpu.effective} usable CPUs, worker budget {budget} per process"
-        f"{'' if cb.max_workers is not None else ' (up to 4x for loading that waits on reads)'}, "
+        f"{'' if cb.max_workers is not None else raised}, "
         f"GPUs: {gpus}; world size {trainer.world_size}. Warm up {cb.warmup_steps} steps, "
         f"baseline {cb.window_steps} steps, then one loader knob at a time (kept if >= "
         f"{cb.min_gain:.0%} faster), at most {cb.max_trials} trials / {cb.time_budget_s:.0f} s; "

@@ -24,7 +24,7 @@ import psutil
 
 from lightning_maxtp._loader_order import preserved_rng
 from lightning_maxtp._loader_search import LoaderCandidate
-from lightning_maxtp._worker_limits import WorkerThreadLimit
+from lightning_maxtp._worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
 
 if TYPE_CHECKING:
     import torch
@@ -165,7 +165,7 @@ def measure_candidate(
     start = time.perf_counter()
     with warnings.catch_warnings():
         # torch warns when workers exceed the CPU count; a measurement may do so on purpose.
-        warnings.filterwarnings("ignore", message=r".*worker processes in total")
+        warnings.filterwarnings("ignore", message=MORE_WORKERS_THAN_CPUS)
         return _measure(
             loader,
             num_workers=num_workers,

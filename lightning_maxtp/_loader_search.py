@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from lightning_maxtp._thresholds import IO_WORKER_FACTOR as IO_FACTOR
+
 __all__ = [
     "IO_BOUND_SHARE",
     "IO_FACTOR",
@@ -44,8 +46,6 @@ DEFAULT_PREFETCH = 2
 DEEP_PREFETCH = 4
 IO_BOUND_SHARE = 0.5
 """Loading that keeps the CPU busy less than this share of its time is waiting on I/O."""
-IO_FACTOR = 4
-"""Most workers per CPU-budget worker when loading waits on I/O."""
 MIN_TIMED_BATCHES = 3
 """A candidate with fewer timed batches than this is reported but never chosen."""
 

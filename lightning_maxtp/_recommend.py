@@ -133,7 +133,7 @@ def storage(window: Window) -> list[Recommendation]:
     proposed = max(2 * workers, workers + 2)
     if budget is not None:
         # Waiting workers use little CPU, so the cap is a multiple of the CPU budget.
-        proposed = min(proposed, max(4 * budget, workers))
+        proposed = min(proposed, max(th.IO_WORKER_FACTOR * budget, workers))
     recs: list[Recommendation] = []
     if proposed > workers:
         recs.append(

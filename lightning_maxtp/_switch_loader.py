@@ -17,7 +17,11 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_maxtp._worker_limits import WorkerThreadLimit, unwrap_worker_init_fn
+from lightning_maxtp._worker_limits import (
+    MORE_WORKERS_THAN_CPUS,
+    WorkerThreadLimit,
+    unwrap_worker_init_fn,
+)
 
 __all__ = ["KNOBS", "BatchFeed", "SwitchableLoader", "switchable_reason"]
 
@@ -176,7 +180,7 @@ class SwitchableLoader(DataLoader[Any]):
     def _start(self, *, fresh_rng: bool) -> Any:
         with warnings.catch_warnings():
             if self.switches:  # our settings: more workers than CPUs pays for waiting reads
-                warnings.filterwarnings("ignore", message=r".*worker processes in total")
+                warnings.filterwarnings("ignore", message=MORE_WORKERS_THAN_CPUS)
             if fresh_rng:
                 import torch
 

@@ -56,3 +56,6 @@ MIN_STEPS = 3
 """Fewer measured steps than this give no diagnosis beyond "not enough data"."""
 HEALTHY_BELOW = 0.50
 """``healthy`` is listed when no finding reaches this confidence."""
+IO_WORKER_FACTOR = 4
+"""Most DataLoader workers per CPU-budget worker when loading waits on reads (a waiting worker
+uses little CPU): the ``storage`` recommendation and ``tune_dataloader``'s raised cap."""

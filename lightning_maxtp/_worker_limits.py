@@ -17,7 +17,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WorkerThreadLimit", "limit_threads", "unwrap_worker_init_fn"]
+__all__ = ["MORE_WORKERS_THAN_CPUS", "WorkerThreadLimit", "limit_threads", "unwrap_worker_init_fn"]
+
+MORE_WORKERS_THAN_CPUS = r".*worker processes in total"
+"""torch's warning when a DataLoader has more workers than CPUs (deliberate when reads wait)."""
 
 log = logging.getLogger(__name__)
 
