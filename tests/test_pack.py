@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -170,6 +171,17 @@ def test_cli_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
 
 
+def _running_commands(tree: list[psutil.Process]) -> tuple[int, int]:
+    """How many of ``tree`` have exec'd the Python sleeper, and how many ``sleep 60``."""
+    pythons = sleeps = 0
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            cmd = proc.cmdline()
+            pythons += cmd[:1] == [PY] and "time.sleep(60)" in " ".join(cmd)
+            sleeps += cmd == ["sleep", "60"]
+    return pythons, sleeps
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_every_child_and_grandchild(tmp_path: Path, sig: signal.Signals) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -185,10 +197,12 @@ def test_signal_stops_every_child_and_grandchild(tmp_path: Path, sig: signal.Sig
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # 3 jobs: sh + 2 pythons, python, sleep
             tree = psutil.Process(pack.pid).children(recursive=True)
-            if len(tree) >= 5:
+            if _running_commands(tree) == (3, 1):
                 break
             time.sleep(0.1)
-        assert len(tree) >= 5, [p.cmdline() for p in tree]
+        # Counting processes is not enough: a shell that has forked but not yet exec'd its
+        # command counts too, and the signal could then come before the third job starts.
+        assert _running_commands(tree) == (3, 1), [p.cmdline() for p in tree]
         pack.send_signal(sig)
         out, err = pack.communicate(timeout=30)
     finally:
