@@ -24,6 +24,7 @@ import psutil
 
 from lightning_maxtp._loader_order import preserved_rng
 from lightning_maxtp._loader_search import LoaderCandidate
+from lightning_maxtp._schedstat import schedstat_ns
 from lightning_maxtp._worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ def _measure(
         # Without workers the whole process loads (torch ops may use its other threads); with
         # workers the main thread only receives batches.
         cpu_clock = time.thread_time if num_workers else time.process_time
+        queued = _RunQueueWait() if num_workers == 0 else None
         while time.perf_counter() < deadline and (batches < min_batches or timed_s < slice_s):
             t0, c0 = time.perf_counter(), cpu_clock()
             try:
@@ -236,13 +238,16 @@ def _measure(
             batches += 1
             timed_s += t1 - t0
         worker_memory = _worker_memory(iterator) if num_workers else None
+        wait_share = queued.share() if queued is not None else 0.0
     finally:
         _shutdown(dl, iterator)
     rate, batches, timed_s, main_cpu_s, samples = _steady(segments, bursts=num_workers > 0)
     # With 0 workers all loading is serial with training (wall time: it may wait on I/O);
     # with workers only the hand-off runs on the main thread, which is CPU time.
     main_s = timed_s if num_workers == 0 else main_cpu_s
-    busy = min(1.0, main_cpu_s / timed_s) if num_workers == 0 and timed_s > 0 else None
+    # CPU time per second of loading, plus the time the process waited for a core: on a busy
+    # machine a CPU-bound loader must not look as if it waited on reads.
+    busy = min(1.0, main_cpu_s / timed_s + wait_share) if num_workers == 0 and timed_s > 0 else None
     return LoaderCandidate(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor if num_workers else None,
@@ -257,6 +262,22 @@ def _measure(
         expected_rate=rate,
         cpu_share=busy,
     )
+
+
+class _RunQueueWait:
+    """This process's run-queue wait per second of wall time since construction (0 off Linux)."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        times = schedstat_ns()
+        self._waited = times[1] if times is not None else None
+
+    def share(self) -> float:
+        times = schedstat_ns()
+        elapsed = time.perf_counter() - self._start
+        if times is None or self._waited is None or elapsed <= 0:
+            return 0.0
+        return max(0.0, (times[1] - self._waited) / 1e9 / elapsed)
 
 
 class _Fetch(NamedTuple):

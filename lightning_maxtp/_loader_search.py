@@ -72,9 +72,9 @@ class LoaderCandidate:
             the loader's rate with workers, and with 0 workers the same formula for a device
             as fast as the fastest loader setting measured.
         note: Why the candidate was not eligible, if it was not.
-        cpu_share: With 0 workers, CPU seconds the process spent per second of loading
-            (``None`` with workers). Well under 1, loading mostly waits (on reads), so
-            workers beyond the CPU budget can still pay.
+        cpu_share: With 0 workers, CPU seconds the process spent per second of loading,
+            plus the seconds it waited for a busy core (``None`` with workers). Well under 1,
+            loading mostly waits (on reads), so workers beyond the CPU budget can still pay.
     """
 
     num_workers: int

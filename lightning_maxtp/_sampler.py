@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from lightning_maxtp._schedstat import schedstat_ns
 from lightning_maxtp.window import SamplerSeries
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,14 @@ class ProcessCpuSource:
         self._children: dict[int, psutil.Process] = {}
         self._listed_at = -float("inf")
         self._refresh_s = refresh_s
+        # Workers usually start just after the job does: list again soon at first, then back off
+        # (after 0.25 s, 0.5 s, 1 s ... up to ``refresh_s``), so a short fit still sees its workers.
+        self._interval = min(0.125, refresh_s)  # doubled at each listing
 
     def _refresh(self) -> None:
         # Listing children scans every process on the machine (milliseconds); workers live
-        # long, so the list is refreshed every ``refresh_s`` and the known ones read each time.
+        # long, so the list is refreshed at most every ``refresh_s`` and the known ones read each
+        # time.
         skip = self._exclude()
         current = {c.pid: c for c in self._main.children(recursive=self._recursive)}
         self._children = {
@@ -90,11 +94,12 @@ class ProcessCpuSource:
             if pid not in skip and (pid in self._children or not _is_mp_helper(proc))
         }
         self._listed_at = time.monotonic()
+        self._interval = min(2 * self._interval, self._refresh_s)
 
     def read(self) -> Reading:
         """Main CPU %, summed worker CPU % and the worker count (100 % = one core)."""
         main = self._main.cpu_percent()
-        if time.monotonic() - self._listed_at > self._refresh_s:
+        if time.monotonic() - self._listed_at > self._interval:
             self._refresh()
         alive: dict[int, psutil.Process] = {}
         total = 0.0
@@ -116,41 +121,28 @@ class ProcessCpuSource:
         """Running plus runnable-but-waiting time (``/proc/<pid>/task/*/schedstat``), percent.
 
         CPU percent falls when other processes take the cores; demand does not: a busy loop
-        stays near 100 % on a saturated machine, a sleeping process near 0.
+        stays near 100 % on a saturated machine, a sleeping process near 0. A key is left out
+        while none of its processes has an earlier reading (a rate needs two), so the first
+        reading does not pull an average towards 0.
         """
         now = time.monotonic()
         out: dict[str, float] = {}
         for key, pids in (("main_demand_percent", [self._main.pid]),
                           ("worker_demand_percent", list(workers))):  # fmt: skip
-            total = 0.0
+            total, rated = 0.0, not pids
             for pid in pids:
-                ns = _schedstat_ns(pid)
-                if ns is None:
+                times = schedstat_ns(pid)
+                if times is None:
                     continue
+                ns = sum(times)
                 last = self._demand_last.get(pid)
                 self._demand_last[pid] = (now, ns)
                 if last is not None and now > last[0]:
                     total += (ns - last[1]) / 1e9 / (now - last[0]) * 100
-            out[key] = total
+                    rated = True
+            if rated:
+                out[key] = total
         return out
-
-
-def _schedstat_ns(pid: int) -> int | None:
-    """Nanoseconds on a CPU plus waiting for one, summed over a process's threads (Linux)."""
-    total, found = 0, False
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                on_cpu, waiting = f.read().split()[:2]
-        except (OSError, ValueError):
-            continue
-        total += int(on_cpu) + int(waiting)
-        found = True
-    return total if found else None
 
 
 class SystemSource:

@@ -1,9 +1,10 @@
-"""Suite-wide fixtures: every test must leave no child process and no extra thread behind."""
+"""Suite-wide fixtures: every test must leave no child process, extra thread or variable behind."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -50,3 +51,20 @@ def no_leaked_processes_or_threads() -> Iterator[None]:
             psutil.Process(pid).kill()
     assert not leaked_children, f"test left child processes behind: {sorted(leaked_children)}"
     assert not leaked_threads, f"test left threads behind: {[t.name for t in leaked_threads]}"
+
+
+@pytest.fixture(autouse=True)
+def restored_environment() -> Iterator[None]:
+    """Put ``os.environ`` back after each test.
+
+    Lightning's in-process launchers (``ddp_fork``) set ``MASTER_PORT``, ``PL_GLOBAL_SEED`` and
+    more and leave them: a later test's subprocesses would inherit a fixed port instead of
+    finding a free one.
+    """
+    saved = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value

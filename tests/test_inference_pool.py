@@ -11,6 +11,7 @@ import itertools
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -177,6 +178,11 @@ def test_a_killed_worker_is_replaced_and_every_item_arrives_once(
         functools.partial(make_model, 0.2), devices="cpu", workers_per_device=2,
         batch_size=BATCH, load=load_vector, progress=True,
     ) as pool:  # fmt: skip
+        # Batches go to ready workers only: until both are ready, worker 0 may hold none.
+        deadline = time.monotonic() + 60
+        while len(pool.worker_info) < 2 and time.monotonic() < deadline:
+            pool.map(items[: 2 * BATCH])
+        assert len(pool.worker_info) == 2, pool.worker_info
         outputs = []
         for consumed, output in enumerate(pool.imap(items), start=1):
             outputs.append(output)

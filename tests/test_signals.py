@@ -171,3 +171,26 @@ def test_multiprocessing_helpers_are_not_counted_as_workers() -> None:
         for proc in (worker, tracker):
             proc.kill()
             proc.wait()
+
+
+def test_workers_started_after_the_first_reading_are_seen_within_a_second() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from lightning_maxtp._sampler import ProcessCpuSource
+
+    source = ProcessCpuSource(demand=True)  # the monitor's default: list children every 2 s
+    first = source.read()
+    assert first["workers"] == 0 and "main_demand_percent" not in first  # no rate from 1 point
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        seen, deadline = 0, time.monotonic() + 1.0
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen = int(source.read()["workers"])
+        assert seen == 1  # listed again after 0.25 s, 0.5 s, 1 s..., not only after 2 s
+        assert source.read()["main_demand_percent"] >= 0
+    finally:
+        worker.kill()
+        worker.wait()
