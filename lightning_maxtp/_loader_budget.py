@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_maxtp._loader_search import SearchResult
+    from lightning_maxtp._loader_candidate import SearchResult
     from lightning_maxtp.resources import Resources
 
 __all__ = ["MEMORY_SHARE", "SHM_SHARE", "Limits", "LoaderBudget", "budget_from", "limits_from"]

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
+from lightning_maxtp._loader_candidate import LoaderCandidate
 from lightning_maxtp._loader_order import preserved_rng
-from lightning_maxtp._loader_search import LoaderCandidate
 from lightning_maxtp._schedstat import schedstat_ns
 from lightning_maxtp._worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
 

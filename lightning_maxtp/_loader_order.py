@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp._loader_search import LoaderCandidate
+from lightning_maxtp._loader_candidate import LoaderCandidate
 
 if TYPE_CHECKING:
     import torch

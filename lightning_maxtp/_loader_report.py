@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lightning_maxtp._loader_search import (
+from lightning_maxtp._loader_candidate import (
     MIN_GAIN,
     TARGET_MARGIN,
     LoaderCandidate,

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._loader_budget import LoaderBudget
-from lightning_maxtp._loader_search import TARGET_MARGIN, LoaderCandidate
+from lightning_maxtp._loader_candidate import TARGET_MARGIN, LoaderCandidate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

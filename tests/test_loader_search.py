@@ -7,14 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
+from lightning_maxtp._loader_candidate import LoaderCandidate, expected_rate, meets_target
 from lightning_maxtp._loader_order import persistence
 from lightning_maxtp._loader_report import explain
-from lightning_maxtp._loader_search import (
-    LoaderCandidate,
-    expected_rate,
-    meets_target,
-    search,
-)
+from lightning_maxtp._loader_search import search
 
 MIB = 2**20
 
