@@ -111,7 +111,8 @@ def run_once(
         lr=args.lr,
         channels_last=settings.channels_last,
     )
-    loader = make_loader(dataset, settings.loader, steps=args.warmup_steps + args.steps)
+    steps = args.warmup_steps + args.steps + settings.loader.queue_depth  # loading to the end
+    loader = make_loader(dataset, settings.loader, steps=steps)
     return time_fit(
         module,
         loader,

@@ -101,7 +101,8 @@ def main() -> int:
                "plan": plan_settings(plan, size["batch"])}  # fmt: skip
 
     def run(settings: LoaderSettings) -> Any:
-        loader = make_loader(dataset, settings, steps=size["warmup"] + size["steps"])
+        steps = size["warmup"] + size["steps"] + settings.queue_depth  # loading to the end
+        loader = make_loader(dataset, settings, steps=steps)
         return time_fit(model(), loader, warmup_steps=size["warmup"], steps=size["steps"],
                         accelerator=device.type,
                         precision="bf16-mixed" if gpu else "32-true")  # fmt: skip

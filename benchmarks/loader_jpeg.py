@@ -234,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
 
     def run(s: LoaderSettings) -> Any:
-        loader = make_loader(dataset, s, steps=args.warmup_steps + args.steps)
+        steps = args.warmup_steps + args.steps + s.queue_depth  # loading to the last step
+        loader = make_loader(dataset, s, steps=steps)
         return time_fit(module(), loader, warmup_steps=args.warmup_steps, steps=args.steps,
                         accelerator=device.type, precision=precision)  # fmt: skip
 

@@ -43,6 +43,16 @@ class LoaderSettings:
         if self.num_workers < 0:
             raise ValueError(f"num_workers must not be negative, got {self.num_workers}")
 
+    @property
+    def queue_depth(self) -> int:
+        """Batches the workers can hold ready at once (torch's default prefetch is 2).
+
+        A timed fit's loader needs this many batches past its last step: otherwise the last
+        steps train on a queue filled earlier, with no loading beside them, and a deep queue
+        looks faster than it is.
+        """
+        return self.num_workers * (self.prefetch_factor or 2)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         return asdict(self)
