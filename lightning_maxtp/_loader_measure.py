@@ -24,7 +24,7 @@ import psutil
 
 from lightning_maxtp._loader_candidate import LoaderCandidate
 from lightning_maxtp._loader_order import preserved_rng
-from lightning_maxtp._schedstat import schedstat_ns
+from lightning_maxtp._schedstat import SchedClock
 from lightning_maxtp._worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
 
 if TYPE_CHECKING:
@@ -218,8 +218,12 @@ def _measure(
         # Without workers the whole process loads (torch ops may use its other threads); with
         # workers the main thread only receives batches.
         cpu_clock = time.thread_time if num_workers else time.process_time
-        queued = _RunQueueWait() if num_workers == 0 else None
+        # Without workers: the time the process waited for a core over the timed fetches.
+        clock: SchedClock | None = None
+        clock_start = 0.0
         while time.perf_counter() < deadline and (batches < min_batches or timed_s < slice_s):
+            if num_workers == 0 and warm_left == 0 and clock is None:
+                clock, clock_start = SchedClock(), time.perf_counter()
             t0, c0 = time.perf_counter(), cpu_clock()
             try:
                 batch = next(iterator)
@@ -237,8 +241,10 @@ def _measure(
             segments[-1].append(_Fetch(t0, t1, c1 - c0, _count_samples(batch, per_batch)))
             batches += 1
             timed_s += t1 - t0
+        waited = clock.advance() if clock is not None else None
+        span = time.perf_counter() - clock_start
+        wait_share = waited[1] / 1e9 / span if waited is not None and span > 0 else 0.0
         worker_memory = _worker_memory(iterator) if num_workers else None
-        wait_share = queued.share() if queued is not None else 0.0
     finally:
         _shutdown(dl, iterator)
     rate, batches, timed_s, main_cpu_s, samples = _steady(segments, bursts=num_workers > 0)
@@ -262,22 +268,6 @@ def _measure(
         expected_rate=rate,
         cpu_share=busy,
     )
-
-
-class _RunQueueWait:
-    """This process's run-queue wait per second of wall time since construction (0 off Linux)."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-        times = schedstat_ns()
-        self._waited = times[1] if times is not None else None
-
-    def share(self) -> float:
-        times = schedstat_ns()
-        elapsed = time.perf_counter() - self._start
-        if times is None or self._waited is None or elapsed <= 0:
-            return 0.0
-        return max(0.0, (times[1] - self._waited) / 1e9 / elapsed)
 
 
 class _Fetch(NamedTuple):

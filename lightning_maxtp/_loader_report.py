@@ -69,7 +69,7 @@ def _cap_detail(budget: LoaderBudget) -> str:
     if budget.io_workers is not None:
         text += (
             f", raised to {budget.io_workers} because loading waits on I/O (the main process "
-            f"kept a CPU busy {budget.io_cpu_share or 0:.0%} of its loading time)"
+            f"ran or waited for a CPU {budget.io_cpu_share or 0:.0%} of its loading time)"
         )
     return text
 

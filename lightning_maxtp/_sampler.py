@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from lightning_maxtp._schedstat import schedstat_ns
+from lightning_maxtp._schedstat import SchedClock, schedstats_enabled
 from lightning_maxtp.window import SamplerSeries
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ class ProcessCpuSource:
             children only.
         exclude: Returns pids that are not workers (e.g. DDP ranks launched by rank zero).
         demand: Also read running + runnable time from ``/proc`` (``*_demand_percent``).
-        refresh_s: Seconds between listings of the children (listing scans every process).
+        refresh_s: The longest gap between listings of the children (listing scans every
+            process). Listings come sooner at first (after 0.25 s, 0.5 s, 1 s ...) and again
+            after a known child ends, since new workers usually follow (the next epoch's).
     """
 
     name = "process cpu"
@@ -71,16 +73,18 @@ class ProcessCpuSource:
     ) -> None:
         self._main = psutil.Process(pid)
         self._main.cpu_percent()
-        self._demand = demand
-        self._demand_last: dict[int, tuple[float, int]] = {}
+        # Demand needs schedstats: without them no ``*_demand_percent`` key at all, rather
+        # than a 0 for "no workers" beside no value for busy ones.
+        self._demand = demand and schedstats_enabled()
+        self._clocks: dict[psutil.Process, tuple[float, SchedClock]] = {}
         self._recursive = recursive
         self._exclude = exclude or set
         self._children: dict[int, psutil.Process] = {}
         self._listed_at = -float("inf")
         self._refresh_s = refresh_s
-        # Workers usually start just after the job does: list again soon at first, then back off
-        # (after 0.25 s, 0.5 s, 1 s ... up to ``refresh_s``), so a short fit still sees its workers.
-        self._interval = min(0.125, refresh_s)  # doubled at each listing
+        # The gap before the next listing, doubled at each (the first read lists at once, the
+        # next after 0.25 s), back to the start when a known child ends.
+        self._interval = min(0.125, refresh_s)
 
     def _refresh(self) -> None:
         # Listing children scans every process on the machine (milliseconds); workers live
@@ -111,6 +115,8 @@ class ProcessCpuSource:
                 continue
             alive[pid] = proc
             total += value
+        if len(alive) < len(self._children):
+            self._interval = min(0.125, self._refresh_s)  # workers end: new ones may follow
         self._children = alive
         out = {"main_cpu_percent": main, "worker_cpu_percent": total, "workers": len(alive)}
         if self._demand:
@@ -127,21 +133,20 @@ class ProcessCpuSource:
         """
         now = time.monotonic()
         out: dict[str, float] = {}
-        for key, pids in (("main_demand_percent", [self._main.pid]),
-                          ("worker_demand_percent", list(workers))):  # fmt: skip
-            total, rated = 0.0, not pids
-            for pid in pids:
-                times = schedstat_ns(pid)
-                if times is None:
-                    continue
-                ns = sum(times)
-                last = self._demand_last.get(pid)
-                self._demand_last[pid] = (now, ns)
-                if last is not None and now > last[0]:
-                    total += (ns - last[1]) / 1e9 / (now - last[0]) * 100
+        seen: dict[psutil.Process, tuple[float, SchedClock]] = {}
+        for key, procs in (("main_demand_percent", [self._main]),
+                           ("worker_demand_percent", list(workers.values()))):  # fmt: skip
+            total, rated = 0.0, not procs
+            for proc in procs:  # keyed by process (pid and start time): a reused pid is new
+                last_at, clock = self._clocks.get(proc) or (now, SchedClock(proc.pid))
+                seen[proc] = (now, clock)
+                delta = clock.advance() if now > last_at else None
+                if delta is not None:
+                    total += sum(delta) / 1e9 / (now - last_at) * 100
                     rated = True
             if rated:
                 out[key] = total
+        self._clocks = seen
         return out
 
 

@@ -53,18 +53,31 @@ def no_leaked_processes_or_threads() -> Iterator[None]:
     assert not leaked_threads, f"test left threads behind: {[t.name for t in leaked_threads]}"
 
 
-@pytest.fixture(autouse=True)
-def restored_environment() -> Iterator[None]:
-    """Put ``os.environ`` back after each test.
+_LAUNCHER_VARIABLES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK", "RANK",
+    "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS",
+})  # fmt: skip
+"""What Lightning's in-process launchers (``ddp_fork``) and ``seed_everything`` set and leave."""
 
-    Lightning's in-process launchers (``ddp_fork``) set ``MASTER_PORT``, ``PL_GLOBAL_SEED`` and
-    more and leave them: a later test's subprocesses would inherit a fixed port instead of
-    finding a free one.
+
+@pytest.fixture(autouse=True)
+def no_leaked_environment() -> Iterator[None]:
+    """Fail a test that leaves a variable in ``os.environ``; put it back either way.
+
+    Lightning's own variables (``_LAUNCHER_VARIABLES``) are only put back: left behind, a later
+    test's subprocesses would inherit a fixed ``MASTER_PORT`` instead of finding a free one.
     """
     saved = dict(os.environ)
     yield
-    for key in set(os.environ) - set(saved):
-        del os.environ[key]
-    for key, value in saved.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
+    changed = {
+        key
+        for key in set(os.environ) | set(saved)
+        if os.environ.get(key) != saved.get(key) and key != "PYTEST_CURRENT_TEST"
+    }
+    for key in changed:
+        if key in saved:
+            os.environ[key] = saved[key]
+        else:
+            del os.environ[key]
+    leaked = sorted(changed - _LAUNCHER_VARIABLES)
+    assert not leaked, f"test changed environment variables and left them: {leaked}"

@@ -177,8 +177,8 @@ def _running_commands(tree: list[psutil.Process]) -> tuple[int, int]:
     for proc in tree:
         with contextlib.suppress(psutil.Error):
             cmd = proc.cmdline()
-            pythons += cmd[:1] == [PY] and "time.sleep(60)" in " ".join(cmd)
-            sleeps += cmd == ["sleep", "60"]
+            pythons += int(cmd[:1] == [PY] and "time.sleep(60)" in " ".join(cmd))
+            sleeps += int(cmd == ["sleep", "60"])
     return pythons, sleeps
 
 

@@ -194,3 +194,61 @@ def test_workers_started_after_the_first_reading_are_seen_within_a_second() -> N
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_thread_that_ends_does_not_make_demand_negative() -> None:
+    import threading
+    import time
+
+    from lightning_maxtp._sampler import ProcessCpuSource
+    from lightning_maxtp._schedstat import schedstats_enabled
+
+    if not schedstats_enabled():
+        pytest.skip("needs Linux schedstats")
+    source = ProcessCpuSource(demand=True)
+    source.read()
+    stop = time.monotonic() + 0.3
+
+    def spin() -> None:
+        while time.monotonic() < stop:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    time.sleep(0.15)
+    source.read()  # the spinning thread is counted here...
+    spinner.join()
+    time.sleep(0.05)
+    demand = source.read()["main_demand_percent"]  # ...and gone here: its counts leave with it
+    assert demand >= 0
+
+
+def test_workers_of_the_next_epoch_are_seen_soon_after_the_last_ones_end() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from lightning_maxtp._sampler import ProcessCpuSource
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    first = subprocess.Popen(sleeper)
+    second = None
+    try:
+        source = ProcessCpuSource()
+        end = time.monotonic() + 1.9  # listings at 0, 0.25, 0.75, 1.75 s: now every 2 s
+        while time.monotonic() < end:
+            assert source.read()["workers"] == 1
+            time.sleep(0.1)
+        first.kill()
+        first.wait()
+        second = subprocess.Popen(sleeper)  # an epoch ends, the next one's workers start
+        seen, deadline = [], time.monotonic() + 1.0
+        while 1 not in seen[1:] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen.append(int(source.read()["workers"]))
+        assert seen[0] == 0 and 1 in seen[1:], seen  # not 2 s later
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
