@@ -58,7 +58,7 @@ def timed_fit(
 
 def make_callback(args: argparse.Namespace) -> Any:
     """The callback as a user adds it, with windows sized for a short benchmark."""
-    from lightning_maxtp.callback import MaxThroughputCallback
+    from lightning_maxtp.callbacks import MaxThroughputCallback
 
     return MaxThroughputCallback(
         warmup_steps=3, window_steps=args.window, max_trials=args.max_trials,

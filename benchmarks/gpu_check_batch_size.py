@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.checks import check, finish, run_gpu_tests  # noqa: E402
 from benchmarks.workloads.jpeg import ImageClassifier  # noqa: E402
-from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size  # noqa: E402
+from lightning_maxtp.batch_size.find import BatchSizePlan, find_batch_size  # noqa: E402
 
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255

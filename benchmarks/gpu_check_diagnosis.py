@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from lightning_maxtp.monitor import BottleneckMonitor  # noqa: E402
+from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor  # noqa: E402
 
 
 class Mlp(pl.LightningModule):

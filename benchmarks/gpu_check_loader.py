@@ -43,8 +43,8 @@ from benchmarks.workloads.jpeg import (  # noqa: E402
     generate_jpeg_dataset,
     make_loader,
 )
-from lightning_maxtp.loader import tune_dataloader  # noqa: E402
-from lightning_maxtp.resources import inspect_resources  # noqa: E402
+from lightning_maxtp.loader.plan import tune_dataloader  # noqa: E402
+from lightning_maxtp.resources.probe import inspect_resources  # noqa: E402
 
 FULL = {"images": 2048, "image_size": 288, "crop": 224, "batch": 256, "model": "resnet50",
         "warmup": 5, "steps": 30, "rounds": 2, "budget": 15.0}  # fmt: skip

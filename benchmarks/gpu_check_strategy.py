@@ -56,7 +56,7 @@ def worker(item: str, steps: int) -> dict[str, Any]:
 
     import lightning_maxtp
     from lightning_maxtp import AutoMaxTP, ModelSize
-    from lightning_maxtp._memory_estimate import estimate_memory
+    from lightning_maxtp.strategy import estimate_memory
 
     class StepClock(pl.Callback):
         """End time of every step, read after a device sync."""
@@ -133,7 +133,7 @@ def run_item(item: str, steps: int, env: dict[str, str] | None = None) -> dict[s
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     result: dict[str, Any] = json.loads(lines[-1][7:]) if lines else {"item": item}
     result["returncode"] = proc.returncode
-    result["plan_lines"] = re.findall(r"^auto_maxtp: .*$", proc.stderr, flags=re.M)
+    result["plan_lines"] = re.findall(r"^maxtp: strategy: .*$", proc.stderr, flags=re.M)
     if proc.returncode != 0 or not lines:
         result["stderr_tail"] = proc.stderr[-1500:]
     return result
@@ -218,7 +218,7 @@ def main() -> int:
     for billions in (1, 7, 70):  # what the plan says for common sizes on this very machine
         try:
             plan = plan_strategy(machine, int(billions * 1e9), precision="bf16-mixed")
-            detail = str(plan)[len("auto_maxtp: ") :][:150]
+            detail = str(plan)[len("maxtp: strategy: ") :][:150]
         except ValueError as err:
             detail = f"ValueError: {err}"[:150]
         check(rows, f"plan {billions}B params, bf16-mixed", None, detail)

@@ -51,9 +51,9 @@ from benchmarks.workloads.jpeg import (
     generate_jpeg_dataset,
     make_loader,
 )
-from lightning_maxtp._loader_candidate import expected_rate
-from lightning_maxtp._loader_measure import sweep
 from lightning_maxtp.loader import LoaderPlan, tune_dataloader
+from lightning_maxtp.loader.candidate import expected_rate
+from lightning_maxtp.loader.measure import sweep
 from lightning_maxtp.resources import inspect_resources
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from pathlib import Path
 from benchmarks.runner import Config, Measurement, StepTimer, report, run_ab
 from benchmarks.workloads.common import LoaderSettings, make_loader
 from benchmarks.workloads.tensors import build_tensor_workload
-from lightning_maxtp import _sampler
+from lightning_maxtp.observe import sampler as _sampler
 
 
 def once(workload: str, batch_size: int, warmup: int, steps: int, monitor: bool) -> Measurement:
@@ -37,7 +37,7 @@ def once(workload: str, batch_size: int, warmup: int, steps: int, monitor: bool)
     import lightning.pytorch as pl
     import torch
 
-    from lightning_maxtp.monitor import BottleneckMonitor
+    from lightning_maxtp.callbacks import BottleneckMonitor
 
     w = build_tensor_workload(workload, samples=4096)
     loader = make_loader(w.dataset, LoaderSettings(batch_size=batch_size), steps=warmup + steps)
@@ -66,8 +66,8 @@ def direct_cost(batch_size: int, steps: int = 5000) -> dict[str, float]:
     import lightning.pytorch as pl
     import torch
 
-    from lightning_maxtp.monitor import BottleneckMonitor
-    from lightning_maxtp.window import JobContext
+    from lightning_maxtp.callbacks import BottleneckMonitor
+    from lightning_maxtp.observe import JobContext
 
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False)
     module = pl.LightningModule()

@@ -41,7 +41,7 @@ def _fit_factory(size: int, latency_s: float, steps: int, window: int) -> Callab
         from torch.utils.data import DataLoader
 
         from benchmarks.workloads.ci import LatencyDataset, TinyMLP
-        from lightning_maxtp.callback import MaxThroughputCallback
+        from lightning_maxtp.callbacks import MaxThroughputCallback
 
         callbacks: list[Any] = []
         if config == "callback":

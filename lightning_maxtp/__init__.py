@@ -16,27 +16,27 @@ from lightning_maxtp import _register
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
-    "AutoMaxTP": "lightning_maxtp._auto_maxtp",
+    "AutoMaxTP": "lightning_maxtp.strategy.auto_maxtp",
     "BatchInferencePool": "lightning_maxtp.inference",
     "BatchSizePlan": "lightning_maxtp.batch_size",
-    "BottleneckKind": "lightning_maxtp.diagnosis",
-    "BottleneckMonitor": "lightning_maxtp.monitor",
-    "Diagnosis": "lightning_maxtp.diagnosis",
-    "JobContext": "lightning_maxtp.window",
+    "BottleneckKind": "lightning_maxtp.observe",
+    "BottleneckMonitor": "lightning_maxtp.callbacks",
+    "Diagnosis": "lightning_maxtp.observe",
+    "JobContext": "lightning_maxtp.observe",
     "JobSpec": "lightning_maxtp.pack",
-    "KernelCapture": "lightning_maxtp.capture",
+    "KernelCapture": "lightning_maxtp.observe",
     "LoaderPlan": "lightning_maxtp.loader",
-    "MaxThroughputCallback": "lightning_maxtp.callback",
+    "MaxThroughputCallback": "lightning_maxtp.callbacks",
     "ModelSize": "lightning_maxtp.strategy",
     "PackResult": "lightning_maxtp.pack",
-    "Recommendation": "lightning_maxtp.diagnosis",
+    "Recommendation": "lightning_maxtp.observe",
     "Resources": "lightning_maxtp.resources",
-    "StepClock": "lightning_maxtp.signals",
+    "StepClock": "lightning_maxtp.callbacks",
     "StrategyPlan": "lightning_maxtp.strategy",
-    "ThroughputReport": "lightning_maxtp.report",
-    "Window": "lightning_maxtp.window",
+    "ThroughputReport": "lightning_maxtp.observe",
+    "Window": "lightning_maxtp.observe",
     "apply_loader_plan": "lightning_maxtp.loader",
-    "diagnose": "lightning_maxtp.diagnosis",
+    "diagnose": "lightning_maxtp.observe",
     "find_batch_size": "lightning_maxtp.batch_size",
     "inspect_resources": "lightning_maxtp.resources",
     "load_jobs": "lightning_maxtp.pack",
@@ -79,20 +79,24 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_maxtp._auto_maxtp import AutoMaxTP
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
-    from lightning_maxtp.callback import MaxThroughputCallback
-    from lightning_maxtp.capture import KernelCapture
-    from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation, diagnose
+    from lightning_maxtp.callbacks import BottleneckMonitor, MaxThroughputCallback, StepClock
     from lightning_maxtp.inference import BatchInferencePool
     from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
-    from lightning_maxtp.monitor import BottleneckMonitor
+    from lightning_maxtp.observe import (
+        BottleneckKind,
+        Diagnosis,
+        JobContext,
+        KernelCapture,
+        Recommendation,
+        ThroughputReport,
+        Window,
+        diagnose,
+    )
     from lightning_maxtp.pack import JobSpec, PackResult, load_jobs, plan_pack, run_jobs
-    from lightning_maxtp.report import ThroughputReport
     from lightning_maxtp.resources import Resources, inspect_resources
-    from lightning_maxtp.signals import StepClock
     from lightning_maxtp.strategy import ModelSize, StrategyPlan, plan_strategy
-    from lightning_maxtp.window import JobContext, Window
+    from lightning_maxtp.strategy.auto_maxtp import AutoMaxTP
 
 
 def __getattr__(name: str) -> Any:

@@ -74,7 +74,7 @@ def _register_or_warn() -> None:
 
 def _make_strategy(**kwargs: Any) -> Any:
     """The registry's factory: imports the strategy (and its torch/lightning) only when used."""
-    from lightning_maxtp._auto_maxtp import AutoMaxTP
+    from lightning_maxtp.strategy.auto_maxtp import AutoMaxTP
 
     return AutoMaxTP(**kwargs)
 

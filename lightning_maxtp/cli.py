@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from lightning_maxtp import __version__
+from lightning_maxtp._units import GIB
 
 
 def _positive(what: str) -> Callable[[str], float]:
@@ -34,14 +35,14 @@ _positive_seconds = _positive("seconds")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from lightning_maxtp._format import format_resources
-    from lightning_maxtp.resources import inspect_resources
+    from lightning_maxtp.resources.format import format_resources
+    from lightning_maxtp.resources.probe import inspect_resources
 
     res = inspect_resources(args.path)
     workers = None
     if args.model_gib is not None:
         workers = res.workers_per_gpu(
-            int(args.model_gib * 2**30), headroom_bytes=int(args.headroom_gib * 2**30)
+            int(args.model_gib * GIB), headroom_bytes=int(args.headroom_gib * GIB)
         )
     if args.json:
         data = res.to_dict()
@@ -60,7 +61,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_triage(args: argparse.Namespace) -> int:
     import psutil
 
-    from lightning_maxtp.triage import triage
+    from lightning_maxtp.observe.triage import triage
 
     try:
         result = triage(args.duration, args.pid, interval_s=args.interval)
@@ -115,7 +116,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             max_parallel=args.max_parallel,
             default_gpu_memory_gib=args.gpu_memory_gib,
             default_cpu_threads=args.cpu_threads,
-            headroom_bytes=int(args.headroom_gib * 2**30),
+            headroom_bytes=int(args.headroom_gib * GIB),
         )
     except ValueError as err:
         print(f"maxtp: error: {err}", file=sys.stderr)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_maxtp._trial import replicate_batch
 from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
+from lightning_maxtp.batch_size.trial import replicate_batch
 from tests.helpers.oom_models import PlantedModule, PlantedOOM, example_batch, loss_fn
 from tests.helpers.runif import RunIf
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lightning_maxtp._search import SearchOutcome, TrialResult, knee, search_batch_size
+from lightning_maxtp.batch_size.search import SearchOutcome, TrialResult, knee, search_batch_size
 
 
 class FakeTrial:

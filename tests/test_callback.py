@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_maxtp._switch_loader import SwitchableLoader
-from lightning_maxtp.callback import MaxThroughputCallback
+from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp.loader.switchable import SwitchableLoader
 from tests.helpers.loader_data import SleepDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ import sys, json
 sys.path.insert(0, {root!r})
 import lightning.pytorch as pl, torch
 from torch.utils.data import DataLoader
-from lightning_maxtp.callback import MaxThroughputCallback
+from lightning_maxtp.callbacks import MaxThroughputCallback
 from tests.helpers.loader_data import SleepDataset
 from tests.test_callback import IdModel
 
@@ -237,8 +237,8 @@ def test_loader_plan_is_measured_against_the_consumption_rate_and_tried_first() 
 
 
 def test_next_change_takes_the_top_diagnosis_first_untried_auto_knob() -> None:
-    from lightning_maxtp._tuning import next_change
-    from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation
+    from lightning_maxtp.callbacks.trials import next_change
+    from lightning_maxtp.observe import BottleneckKind, Diagnosis, Recommendation
 
     recs = (
         Recommendation("num_workers", 1, 3, "more reads in flight", True),
@@ -262,7 +262,7 @@ def test_next_change_takes_the_top_diagnosis_first_untried_auto_knob() -> None:
 
 
 def test_robust_rate_caps_a_stall_but_keeps_loader_bursts_and_steady_slowness() -> None:
-    from lightning_maxtp._tuning import robust_rate
+    from lightning_maxtp.callbacks.trials import robust_rate
 
     steady = (0.1,) * 10
     assert robust_rate(steady, (10,) * 10) == pytest.approx(100.0)

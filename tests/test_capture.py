@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_maxtp.capture import KernelCapture, summarize_trace
-from lightning_maxtp.monitor import BottleneckMonitor
+from lightning_maxtp.callbacks import BottleneckMonitor
+from lightning_maxtp.observe.capture import KernelCapture, summarize_trace
 from tests.helpers import planted
 
 TRACE = [

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
-from lightning_maxtp.window import CaptureSummary, JobContext, SamplerSeries, Window
+from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
+from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -253,8 +253,8 @@ def test_to_dict_is_json_and_str_lists_recommendations() -> None:
 
 def test_diagnosis_imports_no_torch() -> None:
     code = (
-        "import sys\nfrom lightning_maxtp.diagnosis import diagnose\n"
-        "import lightning_maxtp.window, lightning_maxtp.report\n"
+        "import sys\nfrom lightning_maxtp.observe.diagnosis import diagnose\n"
+        "import lightning_maxtp.observe.window, lightning_maxtp.observe.report\n"
         "print([m for m in ('torch', 'lightning') if m in sys.modules])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -21,7 +21,7 @@ def test_train_with_callback_then_read_its_report(tmp_path: Path) -> None:
     report = tmp_path / "report"
     out = _run(str(ROOT / "examples" / "callback_train.py"), "--smoke", "--report-dir",
                str(report), cwd=tmp_path)  # fmt: skip
-    assert re.search(r"^maxtp tuning: \d+ knob trial\(s\) in [\d.]+ s", out, flags=re.M)
+    assert re.search(r"^maxtp: tuning: \d+ knob trial\(s\) in [\d.]+ s", out, flags=re.M)
     assert re.search(r"^  num_workers: 0 -> \d+: [\d.]+ -> [\d.]+ samples/s", out, flags=re.M)
     shown = _run(str(ROOT / "examples" / "callback_report.py"), str(report), cwd=tmp_path)
     assert re.search(
@@ -29,7 +29,7 @@ def test_train_with_callback_then_read_its_report(tmp_path: Path) -> None:
     )
     change = r"^  t=[\d.]+s num_workers: num_workers=0 -> num_workers=\d+ \(trying: "
     assert re.search(change, shown, flags=re.M)
-    assert "  maxtp tuning: " in shown and "left for you:" in shown
+    assert "  maxtp: tuning: " in shown and "left for you:" in shown
     assert f"files: report.json, report.md, timeline.png in {report}" in shown
 
 

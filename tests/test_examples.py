@@ -19,7 +19,7 @@ def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None
     assert re.search(r"^cpu .* effective$", out, flags=re.M)
     assert list(tmp_path.glob("data/jpeg-*/class_*/*.jpg")), "the demo generates its data locally"
     assert "+ callbacks=[MaxThroughputCallback()]" in out
-    assert re.search(r"^maxtp plan: \d+ usable CPUs", out, flags=re.M), "the plan is shown"
+    assert re.search(r"^maxtp: plan: \d+ usable CPUs", out, flags=re.M), "the plan is shown"
     assert re.search(r"^maxtp: baseline [\d.]+ samples/s over 4 steps", out, flags=re.M)
     assert re.search(r"^== 4\. result \(\d+ s fit, \d+ s of it tuning on real steps\)", out, re.M)
     assert re.search(r"^   throughput: [\d.]+ -> [\d.]+ img/s \(\d\.\d\dx defaults\)", out, re.M)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lightning_maxtp._global_batch import (
+from lightning_maxtp.batch_size.global_batch import (
     DEFAULT_WARMUP_STEPS,
     GlobalBatchDecision,
     decide_global_batch,

@@ -7,10 +7,9 @@ import os
 
 import pytest
 
-from lightning_maxtp._host_probe import CpuInfo
 from lightning_maxtp.inference import InferencePlan
-from lightning_maxtp.inference._plan import plan_workers
-from lightning_maxtp.resources import Resources, inspect_resources
+from lightning_maxtp.inference.plan import plan_workers
+from lightning_maxtp.resources import CpuInfo, Resources, inspect_resources
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
 
 FOREIGN_PID = 4_190_000

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from lightning_maxtp import _lightning_private as private
+from lightning_maxtp.loader import lightning_private as private
 from tests.helpers.loader_data import SleepDataset
 
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_maxtp._loader_measure import sweep
-from lightning_maxtp._schedstat import schedstats_enabled
 from lightning_maxtp.loader import LoaderPlan, tune_dataloader
+from lightning_maxtp.loader.measure import sweep
+from lightning_maxtp.resources.schedstat import schedstats_enabled
 from tests.helpers.loader_data import (
     DecodeDataset,
     MemoryHogDataset,

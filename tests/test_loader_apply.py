@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch import seed_everything
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_maxtp._worker_limits import WorkerThreadLimit
 from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
+from lightning_maxtp.loader.worker_limits import WorkerThreadLimit
 from tests.helpers.loader_data import SleepDataset
 
 PLAN_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from lightning_maxtp._loader_candidate import LoaderCandidate, expected_rate, meets_target
-from lightning_maxtp._loader_order import persistence
-from lightning_maxtp._loader_report import explain
-from lightning_maxtp._loader_search import search
+from lightning_maxtp.loader.candidate import LoaderCandidate, expected_rate, meets_target
+from lightning_maxtp.loader.explain import explain
+from lightning_maxtp.loader.order import persistence
+from lightning_maxtp.loader.search import search
 
 MIB = 2**20
 
@@ -200,7 +200,7 @@ def test_persistence_follows_start_up_share_of_an_epoch() -> None:
 
 
 def _budget(result, *, memory_bytes=None):  # type: ignore[no-untyped-def]
-    from lightning_maxtp._loader_budget import Limits, budget_from
+    from lightning_maxtp.loader.budget import Limits, budget_from
 
     limits = Limits(result.cpu_workers, result.cpu_workers, "test", memory_bytes, None)
     return budget_from(result, limits, 15.0)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from lightning_maxtp._loop import TuningLoop
-from lightning_maxtp._tuning import remaining
-from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, Recommendation
-from lightning_maxtp.window import JobContext, SamplerSeries, Window
+from lightning_maxtp.callbacks.trials import remaining
+from lightning_maxtp.callbacks.tuning_loop import TuningLoop
+from lightning_maxtp.observe import (
+    BottleneckKind,
+    Diagnosis,
+    JobContext,
+    Recommendation,
+    SamplerSeries,
+    Window,
+)
 
 SETTINGS = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
             "persistent_workers": False}  # fmt: skip

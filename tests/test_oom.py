@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from lightning_maxtp._oom import (
+from lightning_maxtp.batch_size.oom import (
     OOM_MESSAGES,
     describe_oom,
     is_oom_error,

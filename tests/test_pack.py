@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lightning_maxtp._host_probe import CpuInfo
 from lightning_maxtp.pack import JobSpec, plan_pack, run_jobs
-from lightning_maxtp.resources import Resources, derive_advice, inspect_resources
+from lightning_maxtp.resources import CpuInfo
+from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from lightning_maxtp._host_probe import CpuInfo
-from lightning_maxtp._placement import (
+from lightning_maxtp.pack import JobSpec, plan_pack
+from lightning_maxtp.pack.placement import (
     Capacity,
     Demand,
     GpuSlot,
@@ -16,8 +16,8 @@ from lightning_maxtp._placement import (
     capacity_from_resources,
     resolve_demands,
 )
-from lightning_maxtp.pack import JobSpec, plan_pack
-from lightning_maxtp.resources import Resources, derive_advice, inspect_resources
+from lightning_maxtp.resources import CpuInfo
+from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
 
 FOREIGN_PID = 4_190_000  # above any pid this machine hands out: not ours

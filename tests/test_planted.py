@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_maxtp.diagnosis import BottleneckKind, Diagnosis, diagnose
-from lightning_maxtp.signals import StepClock
-from lightning_maxtp.window import Window
+from lightning_maxtp.callbacks import StepClock
+from lightning_maxtp.observe import BottleneckKind, Diagnosis, Window, diagnose
 from tests.helpers import planted
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_maxtp.monitor import BottleneckMonitor
-from lightning_maxtp.report import KnobChange, ThroughputReport
+from lightning_maxtp.callbacks import BottleneckMonitor
+from lightning_maxtp.observe import KnobChange, ThroughputReport
 from tests.helpers import planted
 
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from lightning_maxtp import _gpu_probe
-from lightning_maxtp._gpu_probe import parse_visible_devices, probe_gpus
-from lightning_maxtp._host_probe import (
+from lightning_maxtp.resources import gpus as _gpu_probe
+from lightning_maxtp.resources.gpus import parse_visible_devices, probe_gpus
+from lightning_maxtp.resources.host import (
     CpuInfo,
     probe_cpus,
     probe_memory,
     read_cgroup_cpu_quota,
     read_cgroup_memory,
 )
-from lightning_maxtp.resources import (
+from lightning_maxtp.resources.probe import (
     Resources,
     derive_advice,
     inspect_resources,

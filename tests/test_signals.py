@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_maxtp import _sampler
-from lightning_maxtp.signals import StepClock, count_samples
+from lightning_maxtp.callbacks.step_clock import StepClock, count_samples
+from lightning_maxtp.observe import sampler as _sampler
 from tests.helpers import planted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,12 +71,12 @@ def test_failing_source_is_logged_once_and_training_goes_on(
 ) -> None:
     boom = Boom()
     clock = StepClock(window_steps=5, sampler_interval_s=0.01, sources=[boom])
-    with caplog.at_level(logging.WARNING, logger="lightning_maxtp._sampler"):
+    with caplog.at_level(logging.WARNING, logger="lightning_maxtp.observe.sampler"):
         trainer = planted.fit(*planted.well_fed_job(), [clock], steps=20)
     assert trainer.global_step == 20
     messages = [r.getMessage() for r in caplog.records if "sensor unplugged" in r.getMessage()]
     assert messages == [
-        "maxtp sampler: source 'boom' failed and is disabled: RuntimeError('sensor unplugged')"
+        "maxtp: sampler: source 'boom' failed and is disabled: RuntimeError('sensor unplugged')"
     ]
     assert boom.calls == 1 and clock.sampler is not None and clock.sampler.failed == ["boom"]
     assert len(clock.sampler.readings) > 1  # the other sources kept sampling
@@ -110,7 +110,7 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import torch
 from torch.utils.data import Dataset, DataLoader
-from lightning_maxtp.monitor import BottleneckMonitor
+from lightning_maxtp.callbacks import BottleneckMonitor
 from tests.helpers import planted
 
 class RankSlow(Dataset):
@@ -156,7 +156,7 @@ def test_multiprocessing_helpers_are_not_counted_as_workers() -> None:
     import subprocess
     import sys
 
-    from lightning_maxtp._sampler import ProcessCpuSource
+    from lightning_maxtp.observe.sampler import ProcessCpuSource
 
     sleep = "import time; time.sleep(30)"
     worker = subprocess.Popen([sys.executable, "-c", sleep])
@@ -178,7 +178,7 @@ def test_workers_started_after_the_first_reading_are_seen_within_a_second() -> N
     import sys
     import time
 
-    from lightning_maxtp._sampler import ProcessCpuSource
+    from lightning_maxtp.observe.sampler import ProcessCpuSource
 
     source = ProcessCpuSource(demand=True)  # the monitor's default: list children every 2 s
     first = source.read()
@@ -200,8 +200,8 @@ def test_a_thread_that_ends_does_not_make_demand_negative() -> None:
     import threading
     import time
 
-    from lightning_maxtp._sampler import ProcessCpuSource
-    from lightning_maxtp._schedstat import schedstats_enabled
+    from lightning_maxtp.observe.sampler import ProcessCpuSource
+    from lightning_maxtp.resources.schedstat import schedstats_enabled
 
     if not schedstats_enabled():
         pytest.skip("needs Linux schedstats")
@@ -228,7 +228,7 @@ def test_workers_of_the_next_epoch_are_seen_soon_after_the_last_ones_end() -> No
     import sys
     import time
 
-    from lightning_maxtp._sampler import ProcessCpuSource
+    from lightning_maxtp.observe.sampler import ProcessCpuSource
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
     first = subprocess.Popen(sleeper)

@@ -13,10 +13,9 @@ from typing import Any
 import psutil
 import pytest
 
-from lightning_maxtp._memory_estimate import estimate_memory
-from lightning_maxtp._model_size import FSDP_MIN_UNIT_PARAMS, ModelSize
 from lightning_maxtp.resources import Resources, inspect_resources
-from lightning_maxtp.strategy import StrategyPlan, plan_strategy
+from lightning_maxtp.strategy import StrategyPlan, estimate_memory, plan_strategy
+from lightning_maxtp.strategy.model_size import FSDP_MIN_UNIT_PARAMS, ModelSize
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
 from tests.helpers.runif import RunIf
 
@@ -269,7 +268,7 @@ def test_plan_numbers_follow_the_formula() -> None:
     assert plan.budget_bytes == int(79.5 * GIB) - int(2.5 * GIB)
     assert plan.world_size == 2 and plan.num_nodes == 1
     text = str(plan)
-    assert text.startswith("auto_maxtp: FSDP (FULL_SHARD) on GPUs [0, 1]. a full copy needs")
+    assert text.startswith("maxtp: strategy: FSDP (FULL_SHARD) on GPUs [0, 1]. a full copy needs")
     assert "7.0 B params (7.0 B trainable), 32-true: weights 26.1 GiB + grads 26.1 GiB" in text
     assert "adam state 52.2 GiB + activations 4.0 GiB (measured)" in text
     assert "\n" not in text  # one line on rank zero
@@ -282,13 +281,13 @@ def test_plan_warnings_name_the_fix() -> None:
     assert "CPU offload" in offload.warnings[0] and "more GPUs" in offload.warnings[0]
     tight = plan_strategy(machine(1, ram_gib=64), M7B, activation_bytes=A4)
     assert tight.warnings == (
-        "auto_maxtp: the model needs ~108.3 GiB per GPU but only 77.0 GiB is usable on 1 GPU(s); "
+        "maxtp: the model needs ~108.3 GiB per GPU but only 77.0 GiB is usable on 1 GPU(s); "
         "it will likely run out of memory. Fix: more free GPUs (FSDP shards over them), "
         "precision='bf16-true', an optimizer with fewer states (SGD), activation checkpointing "
         "or a smaller batch",
     )
     shared = plan_strategy(machine(4, busy=(1,)), SMALL, devices=[1, 3])
-    assert shared.warnings[0].startswith("auto_maxtp: GPU 1 is busy (1 foreign process(es)")
+    assert shared.warnings[0].startswith("maxtp: GPU 1 is busy (1 foreign process(es)")
     assert "devices=[1, 3] lists it: using it as asked" in shared.warnings[0]
     cpu = plan_strategy(machine(0, ram_gib=0.1), M3B, devices=2)
     assert cpu.fits is False and "2 CPU process(es) need" in cpu.warnings[0]
@@ -299,7 +298,7 @@ def test_plan_with_unknown_gpu_memory_says_so() -> None:
     gpus = tuple(dataclasses.replace(g, memory_free_bytes=None) for g in res.gpus)
     plan = plan_strategy(dataclasses.replace(res, gpus=gpus), M7B)
     assert (plan.strategy, plan.fits, plan.budget_bytes) == ("ddp", None, None)
-    assert plan.warnings == ("auto_maxtp: " + plan.reason,)
+    assert plan.warnings == ("maxtp: " + plan.reason,)
     assert "GPU memory is unknown, so whether a full copy (~156.5 GiB per GPU) fits" in plan.reason
 
 
@@ -344,7 +343,7 @@ def test_plan_rejects_requests_it_cannot_meet(
 
 
 def test_lightning_device_list_reads_back_as_the_request() -> None:
-    from lightning_maxtp._strategy_build import devices_flag
+    from lightning_maxtp.strategy.build import devices_flag
 
     assert devices_flag([0, 1, 2, 3], [0, 1, 2, 3]) == "auto"
     assert devices_flag([0, 1], [0, 1, 2, 3]) == 2
@@ -371,7 +370,7 @@ def test_build_strategy_keeps_what_lightning_set_up() -> None:
     )
 
     from lightning_maxtp import AutoMaxTP
-    from lightning_maxtp._strategy_build import build_strategy
+    from lightning_maxtp.strategy.build import build_strategy
 
     trainer = _trainer(
         strategy=AutoMaxTP(find_unused_parameters=True, fsdp_kwargs={"limit_all_gathers": True}),
@@ -408,7 +407,7 @@ def test_build_strategy_keeps_what_lightning_set_up() -> None:
 def test_fsdp_refuses_a_custom_precision_plugin() -> None:
     from lightning.pytorch.plugins.precision import Precision
 
-    from lightning_maxtp._strategy_build import fsdp_precision
+    from lightning_maxtp.strategy.build import fsdp_precision
 
     class MyPrecision(Precision):
         pass
@@ -481,9 +480,10 @@ def test_registered_name_trains_on_a_single_device(caplog: pytest.LogCaptureFixt
     assert type(trainer.strategy) is SingleDeviceStrategy
     assert trainer.global_step == 3
     assert not model.layer.weight.detach().equal(before)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto_maxtp:")]
+    messages = [r.getMessage() for r in caplog.records]
+    lines = [m for m in messages if m.startswith("maxtp: strategy:")]
     assert len(lines) == 1
-    assert lines[0].startswith("auto_maxtp: single device on 1 CPU process.")
+    assert lines[0].startswith("maxtp: strategy: single device on 1 CPU process.")
     assert "18 params (18 trainable), 32-true" in lines[0]
 
 
@@ -520,7 +520,7 @@ def test_ddp_children_take_the_parents_plan(monkeypatch: pytest.MonkeyPatch) -> 
     from lightning.pytorch.strategies import DDPStrategy
 
     from lightning_maxtp import AutoMaxTP
-    from lightning_maxtp._auto_maxtp import PLAN_ENV, _inherited_plan
+    from lightning_maxtp.strategy.auto_maxtp import PLAN_ENV, _inherited_plan
 
     strategy = AutoMaxTP()
     trainer = _trainer(strategy=strategy, accelerator="cpu", devices=2)
@@ -608,8 +608,8 @@ def test_registered_name_runs_real_ddp_on_cpu(tmp_path: Path) -> None:
     # Rank 1 is the child Lightning started, and it followed the plan rank 0 wrote.
     assert ranks[1]["ppid"] == ranks[0]["pid"] == ranks[1]["plan_pid"]
     assert not psutil.pid_exists(ranks[1]["pid"])
-    plans = re.findall(r"^auto_maxtp: .*$", proc.stderr + proc.stdout, flags=re.M)
-    assert len(plans) == 1 and plans[0].startswith("auto_maxtp: DDP on 2 CPU processes.")
+    plans = re.findall(r"^maxtp: strategy: .*$", proc.stderr + proc.stdout, flags=re.M)
+    assert len(plans) == 1 and plans[0].startswith("maxtp: strategy: DDP on 2 CPU processes.")
 
 
 def test_example_trains_with_the_registered_name(tmp_path: Path) -> None:
@@ -620,7 +620,7 @@ def test_example_trains_with_the_registered_name(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert re.search(r"^planned: auto_maxtp: single device on 1 CPU process\.", out, re.M), out
+    assert re.search(r"^planned: maxtp: strategy: single device on 1 CPU process\.", out, re.M), out
     assert re.search(r"^trained: SingleDeviceStrategy, 3 steps, loss [\d.]+ -> [\d.]+$", out, re.M)
 
 

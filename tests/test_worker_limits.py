@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_maxtp._worker_limits import WorkerThreadLimit, unwrap_worker_init_fn
+from lightning_maxtp.loader.worker_limits import WorkerThreadLimit, unwrap_worker_init_fn
 from tests.helpers.loader_data import ThreadsDataset, thread_report
 
 

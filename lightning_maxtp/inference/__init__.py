@@ -1,6 +1,7 @@
 """Batched multi-device inference in spawned worker processes: ``BatchInferencePool``."""
 
-from lightning_maxtp.inference._types import (
+from lightning_maxtp.inference.pool import BatchInferencePool
+from lightning_maxtp.inference.records import (
     InferenceError,
     InferencePlan,
     InferenceStats,
@@ -8,7 +9,6 @@ from lightning_maxtp.inference._types import (
     WorkerSpec,
     WorkerStats,
 )
-from lightning_maxtp.inference.pool import BatchInferencePool
 
 __all__ = [
     "BatchInferencePool",

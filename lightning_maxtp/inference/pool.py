@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from lightning_maxtp.inference._plan import Devices, plan_workers
-from lightning_maxtp.inference._run import Run, Slot, start_slot, stop_slots
-from lightning_maxtp.inference._types import InferencePlan, InferenceStats
-from lightning_maxtp.resources import Resources, inspect_resources
+from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
+from lightning_maxtp.inference.plan import Devices, plan_workers
+from lightning_maxtp.inference.records import InferencePlan, InferenceStats
+from lightning_maxtp.resources.probe import Resources, inspect_resources
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from lightning_maxtp.inference._batching import default_collate, split_output, to_device, to_host
-from lightning_maxtp.inference._types import ItemError, WorkerSpec
+from lightning_maxtp.inference.batching import default_collate, split_output, to_device, to_host
+from lightning_maxtp.inference.records import ItemError, WorkerSpec
 
 _Prepared = tuple[bool, Any]  # (ok, value or ItemError)
 

@@ -1,0 +1,77 @@
+"""Read a running Trainer's settings into a ``JobContext`` (what recommendations need)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp.observe.window import JobContext
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+log = logging.getLogger(__name__)
+
+
+def _first_loader(loaders: Any) -> Any:
+    """The first torch DataLoader in whatever ``trainer.train_dataloader`` holds."""
+    from torch.utils.data import DataLoader
+
+    stack = [loaders]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, DataLoader):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif hasattr(item, "flattened"):
+            stack.extend(item.flattened)
+    return None
+
+
+def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
+    """The job's device, precision, loader knobs, CPU budget and unused free GPUs.
+
+    Args:
+        trainer: A Trainer whose train dataloader is set up (``on_train_start`` or later).
+        resources: A ``Resources`` from ``inspect_resources``; probed here when None.
+    """
+    import torch
+
+    device = trainer.strategy.root_device
+    ctx: dict[str, Any] = {
+        "device_type": device.type,
+        "precision": str(trainer.precision),
+        "world_size": trainer.world_size,
+        "intra_op_threads": torch.get_num_threads(),
+        "compiled": getattr(trainer.lightning_module, "_compiler_ctx", None) is not None,
+    }
+    loader = _first_loader(trainer.train_dataloader)
+    if loader is not None:
+        ctx |= {
+            "batch_size": loader.batch_size,
+            "num_workers": loader.num_workers,
+            "prefetch_factor": loader.prefetch_factor,
+            "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers,
+        }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        ctx |= {
+            "gpu_name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "gpu_memory_total_bytes": int(props.total_memory),
+        }
+    try:
+        if resources is None:
+            from lightning_maxtp.resources.probe import inspect_resources
+
+            resources = inspect_resources()
+        ctx["cpu_worker_budget"] = resources.advice.cpu_workers_per_process
+        used = set(trainer.device_ids) if device.type == "cuda" else set()
+        ctx["unused_free_gpus"] = tuple(i for i in resources.advice.free_gpus if i not in used)
+    except Exception as err:  # the probe is advisory; the measurements stand without it
+        log.warning("maxtp: resource probe failed, no CPU budget in recommendations: %r", err)
+    return JobContext(**ctx)

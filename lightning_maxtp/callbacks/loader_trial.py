@@ -1,0 +1,68 @@
+"""The loader plan as the loop's first trial: the plan line, ``tune_dataloader``, the change.
+
+When the baseline window is data-bound, the loop measures the user's own loader alone against
+the window's consumption rate and tries the settings ``tune_dataloader`` chose before any
+single knob. Plain functions over plain data; the callback supplies the loader and the window.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from lightning_maxtp.callbacks.config import TuningConfig
+    from lightning_maxtp.loader.plan import LoaderPlan
+    from lightning_maxtp.observe.window import Window
+    from lightning_maxtp.resources.probe import Resources
+
+__all__ = ["measure_loader", "plan_change", "plan_line"]
+
+
+def plan_line(config: TuningConfig, resources: Resources, world_size: int) -> str:
+    """The rank-zero summary printed before training: the machine and what the loop will do."""
+    gpus = ", ".join(g.name or f"GPU {g.index}" for g in resources.gpus) or "none"
+    own = config.max_workers
+    budget = own if own is not None else resources.advice.cpu_workers_per_process
+    raised = (
+        "" if own is not None else f" (up to {IO_WORKER_FACTOR}x for loading that waits on reads)"
+    )
+    return (
+        f"plan: {resources.cpu.effective} usable CPUs, worker budget {budget} per process"
+        f"{raised}, GPUs: {gpus}; world size {world_size}. Warm up {config.warmup_steps} steps, "
+        f"baseline {config.window_steps} steps, then one loader knob at a time (kept if >= "
+        f"{config.min_gain:.0%} faster), at most {config.max_trials} trials / "
+        f"{config.time_budget_s:.0f} s; batch size "
+        f"{'may change' if config.allow_batch_size_change else 'unchanged'}."
+    )
+
+
+def measure_loader(
+    loader: DataLoader[Any], window: Window, config: TuningConfig, resources: Resources
+) -> LoaderPlan:
+    """``tune_dataloader`` on the user's loader against the window's consumption rate.
+
+    The user's own loader object is measured (its pipeline re-run with preserved random state),
+    never the running one, so the training's index stream is not touched.
+    """
+    from lightning_maxtp.loader.tune import tune_dataloader
+
+    rate = window.device_samples_per_s
+    return tune_dataloader(
+        loader, consumption_rate=rate if rate > 0 else None,
+        time_budget_s=config.loader_time_budget_s, max_workers=config.max_workers,
+        pin_memory=window.context.device_type == "cuda", resources=resources,
+    )  # fmt: skip
+
+
+def plan_change(
+    plan: LoaderPlan, settings: dict[str, Any]
+) -> tuple[str, dict[str, Any], str] | None:
+    """The plan as one trial ``("loader plan", changed settings, reason)``, or ``None``."""
+    new = {k: v for k, v in plan.dataloader_kwargs().items() if settings.get(k) != v}
+    if not new or (not plan.num_workers and not settings["num_workers"]):
+        return None
+    return "loader plan", new, plan.reason.split(". ")[0].rstrip(".")

@@ -1,0 +1,346 @@
+"""What is measured while a fit runs: ``StepClock``, a Lightning callback producing ``Window``s.
+
+Per step, on the host and without a device synchronize: step time (end of the previous step to
+the end of this one), data wait (end of the previous step to the start of this one: Lightning
+fetches the next batch and moves it to the device in between), samples, and the CPU time the
+training process spent in each part (``time.process_time``, about a microsecond per call). On
+CUDA, events recorded at step start and end are read lazily (``Event.query``) when a window
+closes, so the device's own step span is known without blocking. A background ``Sampler`` adds
+NVML, allocator and psutil readings. Under DDP every rank measures; at each window rank zero
+gathers a few summary numbers from all ranks (one small all_gather) into a ``RankSpread``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_maxtp.callbacks.context import job_context
+from lightning_maxtp.observe import sampler as _sampler
+from lightning_maxtp.observe.window import Window
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["RankSpread", "StepClock", "count_samples"]
+
+log = logging.getLogger(__name__)
+
+_SPREAD_FIELDS = ("step_time_s", "data_wait_share", "samples_per_s", "gpu_util_percent")
+
+
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor-like leaf, else ``len``.
+
+    Raises:
+        TypeError: For a batch with neither (pass ``samples_fn`` to ``StepClock``).
+    """
+    leaf = batch
+    while isinstance(leaf, list | tuple | dict) and len(leaf) > 0:
+        leaf = next(iter(leaf.values())) if isinstance(leaf, dict) else leaf[0]
+    shape = getattr(leaf, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    if hasattr(batch, "__len__"):
+        return len(batch)
+    raise TypeError(
+        f"cannot count samples in a batch of {type(batch).__name__}; pass "
+        "`samples_fn=lambda batch: ...` to the monitor"
+    )
+
+
+@dataclass(frozen=True)
+class RankSpread:
+    """One window's summary across DDP ranks (rank zero's view)."""
+
+    first_step: int
+    per_rank: dict[str, list[float]]
+    """Metric name -> one value per rank (NaN where a rank had no reading)."""
+    straggler_rank: int
+    """The rank that waits longest for its own data (ties: the longest step); the other ranks
+    wait for it inside all-reduce."""
+
+    def stats(self, metric: str) -> dict[str, float]:
+        """Min / median / max of one metric over ranks (NaN readings left out)."""
+        values = [v for v in self.per_rank[metric] if not math.isnan(v)]
+        if not values:
+            return {"min": float("nan"), "median": float("nan"), "max": float("nan")}
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view with the per-metric min/median/max."""
+        data = asdict(self)
+        data["stats"] = {m: self.stats(m) for m in self.per_rank}
+        return data
+
+    def __str__(self) -> str:
+        st, dw = self.stats("step_time_s"), self.stats("data_wait_share")
+        return (
+            f"{len(self.per_rank['step_time_s'])} ranks: step {st['min'] * 1e3:.1f}/"
+            f"{st['median'] * 1e3:.1f}/{st['max'] * 1e3:.1f} ms (min/median/max), data wait "
+            f"{dw['min']:.0%}..{dw['max']:.0%}, straggler rank {self.straggler_rank}"
+        )
+
+
+class StepClock(Callback):
+    """Measures each training step and closes a ``Window`` every ``window_steps`` steps.
+
+    Use it as a callback of its own, or own one inside another callback and call its hooks from
+    yours (``BottleneckMonitor`` does): each closed window goes to ``on_window``.
+
+    Args:
+        window_steps: Steps per window.
+        samples_fn: Samples in a batch, for batch types ``count_samples`` cannot read.
+        sampler_interval_s: Background sampling period; ``None`` disables the sampler.
+        sources: Extra sampler sources (tests inject failing ones here).
+        keep_windows: Windows kept in ``self.windows`` (oldest dropped).
+        on_window: Called on every rank with ``(trainer, window)`` when a window closes.
+    """
+
+    def __init__(
+        self,
+        window_steps: int = 50,
+        *,
+        samples_fn: Callable[[Any], int] | None = None,
+        sampler_interval_s: float | None = 0.1,
+        sources: list[_sampler.Source] | None = None,
+        keep_windows: int = 1000,
+        on_window: Callable[[pl.Trainer, Window], None] | None = None,
+    ) -> None:
+        if window_steps < 1:
+            raise ValueError(f"`window_steps` must be >= 1, got {window_steps}")
+        interval = sampler_interval_s
+        if interval is not None and not (isinstance(interval, int | float) and interval > 0):
+            raise ValueError(
+                f"`sampler_interval_s` must be > 0 or None (no sampler), got {interval!r}"
+            )
+        self.window_steps = window_steps
+        self.samples_fn = samples_fn or count_samples
+        self.sampler_interval_s = sampler_interval_s
+        self.extra_sources = list(sources or [])
+        self.keep_windows = keep_windows
+        self.listener = on_window
+        self.windows: list[Window] = []
+        self.spreads: list[RankSpread] = []
+        self.sampler: _sampler.Sampler | None = None
+        self.context: Any = None
+        self.step_log: list[tuple[float, float, float]] = []
+        """(t since start, step time, data wait) of every measured step, for the timeline."""
+        self.restart_window()
+        self._last_end: float | None = None
+        self._last_end_cpu = 0.0
+        self._step = 0
+        self._t0 = time.perf_counter()
+        self._cuda = False
+
+    def restart_window(self) -> None:
+        """Drop the steps measured so far in the open window: the next window starts here."""
+        self._buf: dict[str, list[Any]] = {
+            k: [] for k in ("step", "wait", "samples", "wait_cpu", "compute_cpu", "events")
+        }
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.context = job_context(trainer)
+        sources: list[_sampler.Source | None] = [
+            _sampler.try_source(
+                lambda: _sampler.ProcessCpuSource(exclude=_launched_ranks(trainer))
+            ),
+            _sampler.try_source(_sampler.SystemSource),
+        ]
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            sources.append(_sampler.try_source(lambda: _nvml_source(device)))
+            sources.append(_sampler.try_source(lambda: _sampler.TorchAllocatorSource(device)))
+        sources += self.extra_sources
+        if self.sampler_interval_s is not None:
+            self.sampler = _sampler.Sampler(sources, interval_s=self.sampler_interval_s)
+            self.sampler.start()
+        self._cuda = device.type == "cuda"
+        self._t0 = time.perf_counter()
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The first fetch of an epoch includes starting workers: not a steady-state data wait.
+        self._last_end = None
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Validation inside an epoch runs between two training steps: not a data wait.
+        self._last_end = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now, cpu = time.perf_counter(), time.thread_time()
+        self._start, self._start_cpu = now, cpu
+        self._wait = None if self._last_end is None else now - self._last_end
+        self._wait_cpu = cpu - self._last_end_cpu
+        self._samples = self.samples_fn(batch)
+        self._events = _record_event() if self._cuda else None
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        now, cpu = time.perf_counter(), time.thread_time()
+        if self._wait is not None and self._last_end is not None:
+            events = None if self._events is None else (self._events, _record_event())
+            self._append(now, now - self._last_end, self._wait, cpu)
+            self._buf["events"].append(events)
+        self._last_end, self._last_end_cpu = now, cpu
+        self._step += 1
+        if len(self._buf["step"]) >= self.window_steps:
+            self._close(trainer)
+
+    def _append(self, now: float, step_s: float, wait_s: float, cpu: float) -> None:
+        b = self._buf
+        b["step"].append(step_s)
+        b["wait"].append(wait_s)
+        b["samples"].append(self._samples)
+        b["wait_cpu"].append(self._wait_cpu)
+        b["compute_cpu"].append(cpu - self._start_cpu)
+        self.step_log.append((self.elapsed_s(now), step_s, wait_s))
+
+    def _close(self, trainer: pl.Trainer) -> None:
+        b = self._buf
+        n = len(b["step"])
+        t_end = self.elapsed_s()
+        span = (t_end - sum(b["step"]), t_end)
+        window = Window(
+            step_time_s=tuple(b["step"]),
+            data_wait_s=tuple(b["wait"]),
+            samples=tuple(b["samples"]),
+            wait_cpu_s=tuple(b["wait_cpu"]),
+            compute_cpu_s=tuple(b["compute_cpu"]),
+            sampler=self.sampler.series(*span) if self.sampler is not None else _empty_series(),
+            context=self.context,
+            first_step=self._step - n,
+            rank=trainer.global_rank,
+            device_time_s=_ready_spans(b["events"]),
+        )
+        self.restart_window()
+        self.windows.append(window)
+        del self.windows[: -self.keep_windows]
+        if trainer.world_size > 1:
+            spread = _gather_spread(trainer, window)
+            if spread is not None:
+                self.spreads.append(spread)
+        self.on_window(trainer, window)
+
+    def on_window(self, trainer: pl.Trainer, window: Window) -> None:
+        """Called on every rank when a window closes: passes it to the ``on_window`` listener."""
+        if self.listener is not None:
+            self.listener(trainer, window)
+
+    def elapsed_s(self, now: float | None = None) -> float:
+        """Seconds since the fit's clock started (the sampler's zero, when it runs)."""
+        t0 = self.sampler.t0 if self.sampler is not None else self._t0
+        return (time.perf_counter() if now is None else now) - t0
+
+    def update_context(self, **changes: Any) -> None:
+        """Windows closed from now on carry these settings (a knob changed mid-fit)."""
+        self.context = dataclasses.replace(self.context, **changes)
+
+    def stop(self) -> None:
+        """Stop the sampler thread (idempotent)."""
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.stop()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.stop()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.stop()
+
+
+def _empty_series() -> Any:
+    from lightning_maxtp.observe.window import SamplerSeries
+
+    return SamplerSeries()
+
+
+def _record_event() -> Any:
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event
+
+
+def _ready_spans(events: list[Any]) -> tuple[float, ...]:
+    """Device span of each step whose end event has completed; never waits for the others."""
+    spans = []
+    for pair in events:
+        if pair is not None and pair[1].query():
+            spans.append(pair[0].elapsed_time(pair[1]) / 1e3)
+    return tuple(spans)
+
+
+def _nvml_source(device: Any) -> _sampler.Source:
+    """NVML source for a torch CUDA device, matched by UUID.
+
+    NVML indices differ from torch's under ``CUDA_VISIBLE_DEVICES``; UUIDs do not.
+    """
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(device.index or 0).uuid)
+    return _sampler.NvmlSource(uuid="GPU-" + uuid if not uuid.startswith("GPU-") else uuid)
+
+
+def _launched_ranks(trainer: pl.Trainer) -> Callable[[], set[int]]:
+    """Pids of DDP ranks rank zero launched itself: its children, but not DataLoader workers."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+
+    def pids() -> set[int]:
+        procs = getattr(launcher, "procs", None) or []
+        return {p.pid for p in procs if getattr(p, "pid", None) is not None}
+
+    return pids
+
+
+def _gather_spread(trainer: pl.Trainer, window: Window) -> RankSpread | None:
+    import torch
+
+    util = window.sampler.mean_gpu_util
+    values = [window.median_step_s, window.data_wait_share, window.samples_per_s, util]
+    local = torch.tensor(
+        [float("nan") if v is None else v for v in values],
+        dtype=torch.float64,
+        device=trainer.strategy.root_device,
+    )
+    gathered = trainer.strategy.all_gather(local)
+    if trainer.global_rank != 0:
+        return None
+    table = gathered.reshape(trainer.world_size, len(values)).cpu().tolist()
+    per_rank = {name: [row[i] for row in table] for i, name in enumerate(_SPREAD_FIELDS)}
+    steps = per_rank["step_time_s"]
+    waits = per_rank["data_wait_share"]
+    # Synchronous DDP makes every rank's step equally long; the straggler is the rank that
+    # spends most of its step on its own work (data wait) rather than waiting in all-reduce.
+    own = [w * s for w, s in zip(waits, steps, strict=True)]
+    straggler = max(range(len(own)), key=lambda i: (own[i], steps[i]))
+    return RankSpread(window.first_step, per_rank, straggler)

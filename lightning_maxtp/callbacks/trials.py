@@ -1,0 +1,211 @@
+"""The closed loop's decisions as plain data: which knob to try next, what a trial measured.
+
+Pure (no torch, no Lightning): ``next_change`` reads the diagnoses of the last measured window
+and the loader's current settings and returns ONE auto-applicable change, or ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.observe.diagnosis import Diagnosis
+
+__all__ = [
+    "KnobTrial",
+    "TuningSummary",
+    "fmt_settings",
+    "next_change",
+    "remaining",
+    "robust_rate",
+    "top_line",
+]
+
+_NEED_WORKERS = ("prefetch_factor", "persistent_workers")
+
+
+@dataclass(frozen=True)
+class KnobTrial:
+    """One knob change tried on the running job: measured before and after, kept or reverted."""
+
+    knob: str
+    """A loader knob, or ``"loader plan"`` for the settings ``tune_dataloader`` chose."""
+    old: Any
+    new: Any
+    reason: str
+    before_samples_per_s: float
+    after_samples_per_s: float
+    kept: bool
+    first_step: int
+    """Training step at which the change was requested."""
+    steps: int
+    """Steps measured after the change (the same number as before it)."""
+
+    @property
+    def gain(self) -> float:
+        """Relative throughput change (0.25: 25 % faster)."""
+        before = self.before_samples_per_s
+        return self.after_samples_per_s / before - 1 if before > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {
+            "knob": self.knob,
+            "old": self.old,
+            "new": self.new,
+            "reason": self.reason,
+            "before_samples_per_s": self.before_samples_per_s,
+            "after_samples_per_s": self.after_samples_per_s,
+            "gain": self.gain,
+            "kept": self.kept,
+            "first_step": self.first_step,
+            "steps": self.steps,
+        }
+
+    def __str__(self) -> str:
+        verdict = "kept" if self.kept else "reverted"
+        return (
+            f"{self.knob}: {self.old} -> {self.new}: {self.before_samples_per_s:.1f} -> "
+            f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}), {verdict}"
+        )
+
+
+@dataclass(frozen=True)
+class TuningSummary:
+    """What the loop did: trials, time and steps spent, why it stopped."""
+
+    trials: tuple[KnobTrial, ...]
+    baseline_samples_per_s: float | None
+    tuned_samples_per_s: float | None
+    tuning_s: float
+    tuning_steps: int
+    stop_reason: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Loader settings in force after tuning."""
+    notes: tuple[str, ...] = ()
+    finished: bool = False
+    """Whether tuning ended before the fit did (``False``: the fit ended mid-tuning, or the
+    summary was read while tuning)."""
+
+    @property
+    def speedup(self) -> float | None:
+        """Tuned over baseline throughput."""
+        if not self.baseline_samples_per_s or self.tuned_samples_per_s is None:
+            return None
+        return self.tuned_samples_per_s / self.baseline_samples_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {
+            "trials": [t.to_dict() for t in self.trials],
+            "baseline_samples_per_s": self.baseline_samples_per_s,
+            "tuned_samples_per_s": self.tuned_samples_per_s,
+            "speedup": self.speedup,
+            "tuning_s": self.tuning_s,
+            "tuning_steps": self.tuning_steps,
+            "stop_reason": self.stop_reason,
+            "settings": dict(self.settings),
+            "notes": list(self.notes),
+            "finished": self.finished,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"maxtp: tuning: {len(self.trials)} knob trial(s) in {self.tuning_s:.1f} s over "
+                 f"{self.tuning_steps} training steps (real steps: no sample skipped or repeated); "
+                 f"stopped: {self.stop_reason}"]  # fmt: skip
+        if self.baseline_samples_per_s is not None and self.tuned_samples_per_s is not None:
+            lines.append(
+                f"  throughput: {self.baseline_samples_per_s:.1f} -> "
+                f"{self.tuned_samples_per_s:.1f} samples/s ({self.speedup or 0:.2f}x)"
+            )
+        lines += [f"  {t}" for t in self.trials]
+        if self.settings:
+            lines.append("  loader now: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def next_change(
+    diagnoses: tuple[Diagnosis, ...] | list[Diagnosis],
+    settings: dict[str, Any],
+    tried: set[tuple[str, str]],
+    *,
+    device_type: str = "cpu",
+) -> tuple[str, Any, str] | None:
+    """The first auto-applicable loader change of the top diagnosis not tried yet.
+
+    Args:
+        diagnoses: Findings of the last window, most confident first.
+        settings: The loader's current ``num_workers``/``prefetch_factor``/... values.
+        tried: ``(knob, repr(value))`` pairs already tried and reverted.
+        device_type: ``pin_memory`` only helps copies to a CUDA device.
+
+    Returns:
+        ``(knob, new value, reason)`` or ``None`` when nothing applicable is left.
+    """
+    if not diagnoses or diagnoses[0].kind.value == "healthy":
+        return None
+    for rec in diagnoses[0].recommendations:
+        if not rec.auto_apply or rec.knob not in LOADER_KNOBS:
+            continue
+        if rec.knob == "pin_memory" and device_type != "cuda":
+            continue
+        if rec.knob in _NEED_WORKERS and not settings["num_workers"]:
+            continue
+        if settings.get(rec.knob) == rec.proposed or (rec.knob, repr(rec.proposed)) in tried:
+            continue
+        return rec.knob, rec.proposed, rec.reason
+    return None
+
+
+def remaining(
+    diagnoses: tuple[Diagnosis, ...],
+    tried: set[tuple[str, str]],
+    settings: dict[str, Any] | None = None,
+) -> tuple[Diagnosis, ...]:
+    """The diagnoses without the recommendations that no longer apply.
+
+    Those are the knobs tried and reverted, and the worker-only knobs (prefetch, persistence)
+    when ``settings`` leave the loader without workers and no ``num_workers`` change is offered.
+    """
+
+    def keep(d: Diagnosis) -> tuple[Any, ...]:
+        recs = [r for r in d.recommendations if (r.knob, repr(r.proposed)) not in tried]
+        no_workers = settings is not None and not settings.get("num_workers")
+        if no_workers and not any(r.knob == "num_workers" for r in recs):
+            recs = [r for r in recs if r.knob not in _NEED_WORKERS]
+        return tuple(recs)
+
+    return tuple(replace(d, recommendations=keep(d)) for d in diagnoses)
+
+
+def fmt_settings(settings: Any) -> str:
+    """``"num_workers=2, prefetch_factor=4"`` for a settings dict, else ``str``."""
+    if isinstance(settings, dict):
+        return ", ".join(f"{k}={v}" for k, v in settings.items())
+    return str(settings)
+
+
+def top_line(found: tuple[Diagnosis, ...] | list[Diagnosis]) -> str:
+    """The top diagnosis in one line."""
+    return f"bottleneck {found[0].kind.value}: {found[0].summary}" if found else "no diagnosis"
+
+
+SPIKE_FACTOR = 3.0
+"""A step longer than this many mean steps counts as this many in ``robust_rate``."""
+
+
+def robust_rate(step_time_s: tuple[float, ...], samples: tuple[int, ...]) -> float:
+    """Samples/s of a window with step-time stalls capped at ``SPIKE_FACTOR`` x the mean step.
+
+    On a shared machine a step can stall for seconds (another process takes the cores); such a
+    stall says nothing about the knob under test, yet it moves a 10-step mean by tens of
+    percent. The cap is relative to the mean, not the median: with several workers a loader
+    delivers in bursts (a few instant steps, then one long wait), and those waits are real.
+    """
+    if not step_time_s:
+        return 0.0
+    cap = SPIKE_FACTOR * sum(step_time_s) / len(step_time_s)
+    total = sum(min(t, cap) for t in step_time_s)
+    return sum(samples) / total if total > 0 else 0.0

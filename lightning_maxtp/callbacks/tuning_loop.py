@@ -1,0 +1,214 @@
+"""The closed loop's state machine, without Lightning: when to measure, what to try, what to keep.
+
+``MaxThroughputCallback`` feeds it step counts and measured windows and carries out what it
+decides (switching the loader, broadcasting under DDP, logging). Phases::
+
+    warmup -> baseline -> (settle -> trial)* -> monitor
+
+A trial is judged against the reference window: the baseline, or the last kept trial. After a
+revert the next decision reads the reference window's diagnoses, not the reverted trial's, so
+the stop reason and the knobs offered next describe the settings actually in force.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightning_maxtp.callbacks.trials import (
+    KnobTrial,
+    TuningSummary,
+    fmt_settings,
+    next_change,
+    robust_rate,
+)
+from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.observe.window import Window
+
+__all__ = ["DATA_KINDS", "Change", "TuningLoop", "window_rate"]
+
+DATA_KINDS = ("data_pipeline", "storage")
+"""Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
+
+Change = tuple[str, dict[str, Any], str]
+"""``(knob, new settings, reason)``: one trial to run."""
+
+
+def window_rate(window: Window) -> float:
+    """Samples/s of a window with stalls capped (see ``robust_rate``)."""
+    return robust_rate(window.step_time_s, window.samples)
+
+
+class TuningLoop:
+    """Phase, reference window, trials and knobs already tried, for one ``fit``.
+
+    Args:
+        warmup_steps: Steps before the baseline window.
+        settle_steps: Steps after a switch before the trial window.
+        min_gain: Keep a knob when throughput rose by at least this share.
+        max_trials: Most trials.
+        time_budget_s: No trial starts after this many seconds of tuning.
+        max_workers: The user's worker cap (``None``: the recommendations' own budget).
+    """
+
+    def __init__(
+        self,
+        *,
+        warmup_steps: int,
+        settle_steps: int,
+        min_gain: float,
+        max_trials: int,
+        time_budget_s: float,
+        max_workers: int | None,
+    ) -> None:
+        self.warmup_steps, self.settle_steps, self.min_gain = warmup_steps, settle_steps, min_gain
+        self.max_trials, self.time_budget_s = max_trials, time_budget_s
+        self.max_workers = max_workers
+        self.phase = "warmup"
+        self.steps = 0
+        self.trials: list[KnobTrial] = []
+        self.tried: set[tuple[str, str]] = set()
+        self.ref: Window | None = None
+        self.ref_found: tuple[Diagnosis, ...] = ()
+        self.baseline: float | None = None
+        self.stop_reason = "the fit ended before tuning finished"
+        self._settle_left = 0
+        self._trial: tuple[str, dict[str, Any], dict[str, Any], str, int] | None = None
+        self._t_start: float | None = None
+        self._tuning_s: float | None = None
+        self._tuning_steps: int | None = None
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the current window is a baseline or trial measurement."""
+        return self.phase in ("baseline", "trial")
+
+    @property
+    def finished(self) -> bool:
+        """Whether tuning ended (the loop only monitors now)."""
+        return self.phase == "monitor"
+
+    def on_step(self, *, switched: bool) -> bool:
+        """Count a finished training step; ``True`` when a measured window starts here.
+
+        Args:
+            switched: Whether the loader already serves batches with the requested settings
+                (the settle steps count only from then on).
+        """
+        self.steps += 1
+        if self.phase == "warmup" and self.steps >= self.warmup_steps:
+            self._t_start = time.perf_counter()
+            self.phase = "baseline"
+            return True
+        if self.phase == "settle" and switched:
+            self._settle_left -= 1
+            if self._settle_left <= 0:
+                self.phase = "trial"
+                return True
+        return False
+
+    def record_baseline(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
+        """The baseline window becomes the reference."""
+        self.ref, self.ref_found, self.baseline = window, found, window_rate(window)
+
+    def pays(self, window: Window) -> bool:
+        """Whether the trial window beat the reference by ``min_gain``."""
+        assert self.ref is not None
+        before = window_rate(self.ref)
+        return before > 0 and window_rate(window) >= before * (1 + self.min_gain)
+
+    def start(
+        self, knob: str, old: dict[str, Any], new: dict[str, Any], why: str, step: int
+    ) -> None:
+        """A trial of ``new`` (replacing ``old``) begins at training step ``step``."""
+        self._trial = (knob, old, new, why, step)
+        self._settle_left, self.phase = self.settle_steps, "settle"
+        if self.settle_steps == 0:
+            self.phase = "trial"
+
+    @property
+    def pending(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """``(old, new)`` settings of the trial under way."""
+        return None if self._trial is None else (self._trial[1], self._trial[2])
+
+    def finish(self, window: Window, kept: bool, found: tuple[Diagnosis, ...]) -> KnobTrial:
+        """Judge the trial: a kept one becomes the reference, a reverted one is never retried."""
+        assert self._trial is not None and self.ref is not None
+        knob, old, new, why, step = self._trial
+        shown_old = old[knob] if knob in old else fmt_settings(old)
+        shown_new = new[knob] if knob in new else fmt_settings(new)
+        before, after = window_rate(self.ref), window_rate(window)
+        trial = KnobTrial(knob, shown_old, shown_new, why, before, after, kept, step, window.steps)
+        self.trials.append(trial)
+        if kept:
+            self.ref, self.ref_found = window, found
+        else:
+            self.tried |= {(k, repr(v)) for k, v in new.items()}
+        self._trial = None
+        return trial
+
+    def decide(
+        self,
+        settings: dict[str, Any],
+        *,
+        device_type: str,
+        loader_plan: Callable[[], Change | None] | None = None,
+    ) -> Change | str:
+        """The next trial, or why the loop stops (rank zero decides under DDP).
+
+        Args:
+            settings: The loader's settings now in force.
+            device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
+            loader_plan: Called once, when the reference is data-bound, for the change
+                ``tune_dataloader`` proposes; ``None`` once it has been asked.
+        """
+        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
+        if len(self.trials) >= self.max_trials:
+            return f"max_trials={self.max_trials} reached"
+        if elapsed >= self.time_budget_s:
+            return f"time_budget_s={self.time_budget_s:g} spent"
+        found = self.ref_found
+        if loader_plan is not None and found and found[0].kind.value in DATA_KINDS:
+            planned = loader_plan()
+            if planned is not None:
+                return planned
+        change = next_change(found, settings, self.tried, device_type=device_type)
+        if change is not None and change[0] == "num_workers" and self.max_workers is not None:
+            # The recommendation already respects the probe's budget; only a user cap is added.
+            value = min(int(change[1]), self.max_workers)
+            change = None if value <= settings["num_workers"] else (change[0], value, change[2])
+        if change is None:
+            kind = found[0].kind.value if found else "unknown"
+            if kind == "healthy":
+                return "no bottleneck above threshold: nothing to tune"
+            return f"no auto-applicable knob left for the {kind} bottleneck"
+        knob, value, reason = change
+        return knob, {knob: value}, reason
+
+    def stop(self, reason: str) -> None:
+        """Tuning is over: from now on the loop only monitors."""
+        self.stop_reason, self.phase = reason, "monitor"
+        self._close()
+
+    def _close(self) -> None:
+        if self._tuning_s is None:
+            self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
+            self._tuning_steps = max(0, self.steps - self.warmup_steps)
+
+    def end(self) -> None:
+        """The fit ended (tuning time and steps are fixed even if tuning did not finish)."""
+        self._close()
+
+    def summary(self, settings: dict[str, Any], notes: tuple[str, ...]) -> TuningSummary:
+        """What the loop did so far."""
+        tuning_s, steps = self._tuning_s, self._tuning_steps
+        if tuning_s is None:
+            tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+            steps = max(0, self.steps - self.warmup_steps)
+        return TuningSummary(
+            trials=tuple(self.trials), baseline_samples_per_s=self.baseline,
+            tuned_samples_per_s=window_rate(self.ref) if self.ref is not None else None,
+            tuning_s=tuning_s, tuning_steps=steps or 0, stop_reason=self.stop_reason,
+            settings=settings, notes=notes, finished=self.finished,
+        )  # fmt: skip

@@ -1,0 +1,145 @@
+"""``LoaderPlan``: DataLoader settings chosen by measurement, with the evidence and the reason.
+
+``tune_dataloader`` (in ``tune``) returns one; ``apply_loader_plan`` (in ``apply``) makes a
+Trainer rebuild its loaders with it. Plain data: importing this imports neither torch nor
+lightning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any
+
+from lightning_maxtp._units import format_bytes
+from lightning_maxtp.loader.budget import LoaderBudget
+from lightning_maxtp.loader.candidate import LOADER_KNOBS, TARGET_MARGIN, LoaderCandidate, rate_text
+
+__all__ = ["LoaderPlan"]
+
+_mib = partial(format_bytes, unit="MiB", digits=0)
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """DataLoader settings chosen by measurement, with the evidence and the reason.
+
+    Attributes:
+        num_workers: Worker processes to use.
+        prefetch_factor: Batches each worker loads ahead (``None`` without workers).
+        pin_memory: Page-locked batches (only when training on a CUDA GPU).
+        persistent_workers: Keep workers alive between epochs.
+        worker_threads: Thread-pool limit inside each worker (0 without workers).
+        samples_per_s: The chosen setting's measured rate, loader alone.
+        startup_s: The chosen setting's start-up: workers plus the first batch.
+        consumption_rate: Samples/s the device consumes, when it was given.
+        target_met: Whether the loader reaches 1.25x the consumption rate (``None``: unknown).
+        shortfall: When even the best setting is slower than the consumption rate, the share
+            missing (0.3: the loader delivers 70 % of what the device could take).
+        reason: Why these settings, in a sentence or two.
+        diagnosis_kind: ``"data_pipeline"`` when the loader cannot keep up, else ``None``.
+        recommendations: What to change next, most direct first.
+        budget: The limits respected.
+        candidates: Every setting measured, in the order measured.
+        before: The loader's own settings.
+        elapsed_s: Wall time of the tuning.
+        notes: Caveats about this loader.
+    """
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    persistent_workers: bool
+    worker_threads: int
+    samples_per_s: float
+    startup_s: float
+    consumption_rate: float | None
+    target_met: bool | None
+    shortfall: float | None
+    reason: str
+    diagnosis_kind: str | None
+    recommendations: tuple[str, ...]
+    budget: LoaderBudget
+    candidates: tuple[LoaderCandidate, ...]
+    before: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def target_rate(self) -> float | None:
+        """1.25x the consumption rate, when known."""
+        return None if self.consumption_rate is None else TARGET_MARGIN * self.consumption_rate
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The settings as ``DataLoader`` keyword arguments (thread limits excluded)."""
+        return {k: getattr(self, k) for k in LOADER_KNOBS}
+
+    def changes(self) -> list[str]:
+        """``"num_workers: 0 -> 4"`` for each setting that differs from the loader's own."""
+        return [
+            f"{k}: {self.before.get(k)!r} -> {v!r}"
+            for k, v in self.dataloader_kwargs().items()
+            if k in self.before and self.before[k] != v
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        data = {k: v for k, v in asdict(self).items() if k not in ("budget", "candidates")}
+        return {
+            **data,
+            "target_rate": self.target_rate,
+            "changes": self.changes(),
+            "recommendations": list(self.recommendations),
+            "notes": list(self.notes),
+            "budget": self.budget.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def __str__(self) -> str:
+        """A readable summary: settings, rate vs target, why, budget, then every candidate."""
+        changes = ", ".join(self.changes()) or "no change"
+        threads = f", {self.worker_threads} thread(s) per worker" if self.num_workers else ""
+        lines = [f"LoaderPlan: {changes} (pin_memory={self.pin_memory}{threads})"]
+        rate = f"  measured {rate_text(self.samples_per_s)} samples/s alone"
+        if self.num_workers:
+            rate += f", workers start in {self.startup_s:.2f} s"
+        if self.consumption_rate is not None:
+            status = "reached" if self.target_met else "not reached"
+            if self.shortfall is not None:
+                status = f"{self.shortfall:.0%} short of consumption"
+            rate += (
+                f"; consumption {rate_text(self.consumption_rate)}/s, target "
+                f"{rate_text(self.target_rate or 0)}/s: {status}"
+            )
+        b = self.budget
+        mem, shm = _mib(b.memory_bytes), _mib(b.shm_bytes)
+        per = (
+            ""
+            if b.worker_memory_bytes is None
+            else f" (largest worker {_mib(b.worker_memory_bytes)})"
+        )
+        lines += [
+            rate,
+            f"  why: {self.reason}",
+            f"  budget: {b.max_workers} worker(s), limited by {b.limited_by} ({b.cpu_source}); "
+            f"RAM for workers {mem}{per}, /dev/shm {shm}; tuned in {self.elapsed_s:.1f} s of "
+            f"{b.time_budget_s:g} s",
+        ]
+        if self.diagnosis_kind:
+            lines.append(f"  diagnosis: {self.diagnosis_kind}")
+            lines += [f"    - {r}" for r in self.recommendations]
+        lines += [f"  note: {n}" for n in self.notes]
+        lines.append(
+            f"  {'workers':>7} {'prefetch':>8} {'samples/s':>10} {'expected/s':>10} "
+            f"{'start s':>7} {'batches':>7} {'worker MiB':>10}  note"
+        )
+        for c in self.candidates:
+            mib = _mib(c.worker_memory_bytes, missing="-", suffix=False)
+            chosen = (c.num_workers, c.prefetch_factor) == (self.num_workers, self.prefetch_factor)
+            lines.append(
+                f"  {c.num_workers:>7} {c.prefetch_factor or '-':>8} "
+                f"{rate_text(c.samples_per_s):>10} {rate_text(c.expected_rate):>10} "
+                f"{c.startup_s:>7.2f} {c.timed_batches:>7} {mib:>10}  {c.note}"
+                f"{' <-' if chosen else ''}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""``tune_dataloader(loader) -> LoaderPlan``: the DataLoader's pipeline measured alone.
+
+The seeds' rule: iterate the data pipeline without training, compare with what the device
+consumes, and raise workers/prefetch until the loader outruns it with margin. The user's own
+loader configuration (dataset, sampler, collate, batch size) is measured with candidate
+settings (the rule in ``search``, the measurement in ``measure``) within a CPU budget from the
+probe, a RAM and ``/dev/shm`` budget from measured worker memory, and a time budget. Only "same
+math" knobs change: num_workers, prefetch_factor, pin_memory, persistent_workers and thread
+limits inside workers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp.loader.candidate import LOADER_KNOBS, LoaderCandidate
+from lightning_maxtp.loader.plan import LoaderPlan
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from lightning_maxtp.resources.probe import Resources
+
+__all__ = ["tune_dataloader"]
+
+
+def _validate(
+    consumption_rate: float | None,
+    time_budget_s: float,
+    max_workers: int | None,
+    local_world_size: int | None,
+    memory_budget_bytes: int | None,
+) -> None:
+    if consumption_rate is not None and not consumption_rate > 0:
+        raise ValueError(
+            f"`consumption_rate` must be > 0 samples/s or None, got {consumption_rate!r}; pass "
+            "the samples/s your training step takes with data already on the device"
+        )
+    if not (time_budget_s > 0 and math.isfinite(time_budget_s)):
+        raise ValueError(f"`time_budget_s` must be > 0, got {time_budget_s!r}; e.g. pass 15")
+    if max_workers is not None and max_workers < 0:
+        raise ValueError(f"`max_workers` must be >= 0 or None (from the probe), got {max_workers}")
+    if local_world_size is not None and local_world_size < 1:
+        raise ValueError(
+            f"`local_world_size` must be >= 1 or None, got {local_world_size}; pass the number "
+            "of device processes on this node"
+        )
+    if memory_budget_bytes is not None and memory_budget_bytes < 0:
+        raise ValueError(f"`memory_budget_bytes` must be >= 0 or None, got {memory_budget_bytes}")
+
+
+def tune_dataloader(
+    loader: DataLoader[Any],
+    *,
+    consumption_rate: float | None = None,
+    time_budget_s: float = 15.0,
+    max_workers: int | None = None,
+    local_world_size: int | None = None,
+    pin_memory: bool | None = None,
+    memory_budget_bytes: int | None = None,
+    resources: Resources | None = None,
+) -> LoaderPlan:
+    """Measure ``loader``'s pipeline alone with candidate settings and choose the cheapest good one.
+
+    Workers grow 1, 2, 4, ... while each step gains >= 5 %, stop once the loader reaches 1.25x
+    ``consumption_rate``, and never exceed the CPU, RAM or ``/dev/shm`` budget; the fewest
+    workers within 5 % of the best (or reaching the target) win. When loading in the main
+    process mostly waits (on reads), the CPU budget is raised up to 4x (``LoaderBudget.io_workers``)
+    unless ``max_workers`` is given. Random states are restored
+    afterwards and no worker process is left behind.
+
+    Args:
+        loader: The DataLoader to tune; it is not modified (its pipeline is re-run).
+        consumption_rate: Samples/s the training step consumes with data ready, if known.
+        time_budget_s: Wall-time budget for all measurements.
+        max_workers: Worker cap, instead of the probe's CPU budget (never raised for I/O).
+        local_world_size: Device processes on this node sharing the CPUs, RAM and
+            ``/dev/shm`` (default: ``LOCAL_WORLD_SIZE`` or the probe's device processes).
+        pin_memory: Pin batches (default: when CUDA is available).
+        memory_budget_bytes: RAM the workers may use together, instead of half of what the
+            probe finds available (divided among the device processes).
+        resources: A probe result to use instead of probing again.
+
+    Returns:
+        The plan: settings, every candidate measured, the budget and the reason.
+
+    Raises:
+        ValueError: For invalid arguments, an empty loader, or a dataset that cannot be sent
+            to workers started with ``spawn``/``forkserver`` (the message names the attribute).
+    """
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from lightning_maxtp.loader import measure as lm
+    from lightning_maxtp.loader.budget import budget_from, limits_from
+    from lightning_maxtp.loader.explain import explain
+    from lightning_maxtp.loader.order import (
+        keeps_order_when_persistent,
+        persistence,
+        preserved_rng,
+    )
+    from lightning_maxtp.loader.pickling import check_picklable
+    from lightning_maxtp.loader.search import search
+    from lightning_maxtp.resources.probe import inspect_resources
+
+    if not isinstance(loader, DataLoader):
+        raise ValueError(f"`loader` must be a torch DataLoader, got {type(loader).__name__}")
+    _validate(consumption_rate, time_budget_s, max_workers, local_world_size, memory_budget_bytes)
+    started = time.perf_counter()
+    deadline = started + time_budget_s
+    limits = limits_from(
+        resources if resources is not None else inspect_resources(),
+        max_workers=max_workers,
+        local_world_size=local_world_size,
+        memory_budget_bytes=memory_budget_bytes,
+    )
+    if pin_memory is None:
+        import torch
+
+        pin_memory = torch.cuda.is_available()
+    method = lm.start_method(loader)
+    if method != "fork" and limits.cpu_workers > 0:
+        check_picklable(loader, method)
+    steps = 4 + math.ceil(math.log2(max(limits.cpu_workers, 1)))
+    slice_s = min(3.0, max(0.1, 0.7 * time_budget_s / steps))
+    measured: list[LoaderCandidate] = []
+
+    def measure(workers: int, prefetch: int | None) -> LoaderCandidate | None:
+        startup = max((c.startup_s for c in measured if c.num_workers), default=0.0)
+        if deadline - time.perf_counter() < 0.3 * slice_s + startup:
+            return None
+        candidate = lm.measure_candidate(
+            loader,
+            num_workers=workers,
+            prefetch_factor=prefetch,
+            pin_memory=bool(pin_memory),
+            threads=max(1, limits.probe_workers // max(workers, 1)),
+            slice_s=slice_s,
+            deadline=deadline,
+        )
+        measured.append(candidate)
+        return candidate
+
+    with preserved_rng(loader):
+        result = search(
+            measure,
+            cpu_workers=limits.cpu_workers,
+            consumption_rate=consumption_rate,
+            memory_bytes=limits.memory_bytes,
+            shm_bytes=limits.shm_bytes,
+            raise_for_io=max_workers is None,
+        )
+    budget = budget_from(result, limits, time_budget_s)
+    chosen = result.chosen
+    try:
+        batches: int | None = len(loader)
+    except TypeError:
+        batches = None
+    persistent, persistent_why = persistence(
+        chosen, batches, method, keeps_order=keeps_order_when_persistent(loader)
+    )
+    text = explain(result, budget, consumption_rate, persistent_why)
+    workers = chosen.num_workers if chosen is not None else loader.num_workers
+    notes = []
+    if isinstance(loader.dataset, IterableDataset) and workers != loader.num_workers:
+        notes.append(
+            "IterableDataset: a different num_workers keeps the same samples only if the dataset "
+            "splits its stream by `torch.utils.data.get_worker_info()`"
+        )
+    if chosen is None:
+        prefetch, persistent = loader.prefetch_factor, loader.persistent_workers
+    else:
+        prefetch = chosen.prefetch_factor
+    return LoaderPlan(
+        num_workers=workers,
+        prefetch_factor=prefetch if workers else None,
+        pin_memory=bool(pin_memory),
+        persistent_workers=persistent and workers > 0,
+        worker_threads=max(1, limits.probe_workers // workers) if workers else 0,
+        samples_per_s=chosen.samples_per_s if chosen else 0.0,
+        startup_s=chosen.startup_s if chosen else 0.0,
+        consumption_rate=consumption_rate,
+        target_met=None if consumption_rate is None else result.target_met,
+        shortfall=text.shortfall,
+        reason=text.reason,
+        diagnosis_kind="data_pipeline" if text.shortfall is not None else None,
+        recommendations=text.recommendations,
+        budget=budget,
+        candidates=result.candidates,
+        before={k: getattr(loader, k) for k in LOADER_KNOBS},
+        elapsed_s=time.perf_counter() - started,
+        notes=tuple(notes),
+    )

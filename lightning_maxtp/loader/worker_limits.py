@@ -1,0 +1,88 @@
+"""Oversubscription guard: a ``worker_init_fn`` that caps thread pools inside DataLoader workers.
+
+Each worker is a process; a library that sizes its thread pool from the machine's core count
+(OpenCV, OpenBLAS/MKL through numpy, OpenMP) starts that many threads in *every* worker, so N
+workers x C threads fight over C cores. torch already sets its own intra-op pool to 1 in workers;
+the others need telling. ``WorkerThreadLimit`` does that, then calls the user's own
+``worker_init_fn`` (never replaces it). It is a module-level class so that it pickles under the
+``spawn`` and ``forkserver`` start methods, as long as the user's function does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MORE_WORKERS_THAN_CPUS", "WorkerThreadLimit", "limit_threads", "unwrap_worker_init_fn"]
+
+MORE_WORKERS_THAN_CPUS = r".*worker processes in total"
+"""torch's warning when a DataLoader has more workers than CPUs (deliberate when reads wait)."""
+
+log = logging.getLogger(__name__)
+
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
+"""Read by OpenMP/BLAS libraries when they start; they cover libraries a worker loads later."""
+
+
+def limit_threads(threads: int) -> None:
+    """Cap the thread pools of this process to ``threads`` (called inside a worker).
+
+    torch's intra-op pool and OpenCV are set directly; BLAS/OpenMP pools already loaded are set
+    through ``threadpoolctl`` when it is installed; the environment variables cover libraries
+    loaded afterwards. Only libraries already imported are touched, so nothing new is imported.
+    """
+    for name in THREAD_ENV_VARS:
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None and hasattr(cv2, "setNumThreads"):
+        cv2.setNumThreads(threads)
+    try:
+        threadpoolctl = importlib.import_module("threadpoolctl")
+    except ImportError:
+        return
+    threadpoolctl.threadpool_limits(limits=threads)
+
+
+class WorkerThreadLimit:
+    """``worker_init_fn`` that limits thread pools, then runs the user's ``worker_init_fn``.
+
+    Args:
+        threads: Threads each pool may use in a worker (>= 1).
+        user_fn: The loader's own ``worker_init_fn`` (``None`` if it had none); it runs after
+            the limits, so a user who sets their own thread counts still wins.
+    """
+
+    def __init__(self, threads: int, user_fn: Callable[[int], Any] | None = None) -> None:
+        if threads < 1:
+            raise ValueError(f"`threads` must be >= 1, got {threads!r}")
+        self.threads = threads
+        self.user_fn = unwrap_worker_init_fn(user_fn)
+
+    def __call__(self, worker_id: int) -> None:
+        """Limit the thread pools, then run the user's own ``worker_init_fn``."""
+        limit_threads(self.threads)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+    def __repr__(self) -> str:
+        return f"WorkerThreadLimit(threads={self.threads}, user_fn={self.user_fn!r})"
+
+
+def unwrap_worker_init_fn(fn: Callable[[int], Any] | None) -> Callable[[int], Any] | None:
+    """The user's function behind our wrapper, so that re-tuning never stacks two wrappers."""
+    while isinstance(fn, WorkerThreadLimit):
+        fn = fn.user_fn
+    return fn

@@ -1,0 +1,180 @@
+"""``ThroughputReport``: what was measured, what limits the job, what changed, as JSON/markdown/PNG.
+
+Plain data (no torch): built by the monitor at the end of a fit, or by hand from windows.
+``write(folder)`` produces ``report.json``, ``report.md`` and ``timeline.png`` (the PNG needs the
+``plot`` extra, matplotlib; without it the report says so and the other two files are written).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window
+
+__all__ = ["KnobChange", "ThroughputReport"]
+
+
+@dataclass(frozen=True)
+class KnobChange:
+    """A knob changed while the job ran (issue [6]'s loop records these)."""
+
+    t_s: float
+    """Seconds since the monitor started."""
+    knob: str
+    old: Any
+    new: Any
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"t_s": self.t_s, "knob": self.knob, "old": self.old, "new": self.new,
+                "reason": self.reason}  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"t={self.t_s:.1f}s {self.knob}: {self.old} -> {self.new} {self.reason}".rstrip()
+
+
+@dataclass(frozen=True)
+class ThroughputReport:
+    """The measured run: windows, the latest diagnosis, timelines, knob changes, captures."""
+
+    windows: tuple[Window, ...]
+    diagnoses: tuple[Diagnosis, ...]
+    """Findings for the last window, most confident first."""
+    step_log: tuple[tuple[float, float, float], ...] = ()
+    """(t since start, step time, data wait) per measured step."""
+    timeline: SamplerSeries = field(default_factory=SamplerSeries)
+    knob_changes: tuple[KnobChange, ...] = ()
+    captures: tuple[CaptureSummary, ...] = ()
+    ranks: tuple[dict[str, Any], ...] = ()
+    """Per-window DDP spreads (``RankSpread.to_dict()``), rank zero only."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples/s over all windows."""
+        total = sum(w.total_s for w in self.windows)
+        return sum(sum(w.samples) for w in self.windows) / total if total > 0 else 0.0
+
+    @property
+    def data_wait_share(self) -> float:
+        """Data wait share over all windows."""
+        total = sum(w.total_s for w in self.windows)
+        return sum(sum(w.data_wait_s) for w in self.windows) / total if total > 0 else 0.0
+
+    @property
+    def median_step_s(self) -> float:
+        """Median step time over all measured steps."""
+        steps = [s for w in self.windows for s in w.step_time_s]
+        return statistics.median(steps) if steps else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """The most confident kind of the last window, or ``"unknown"``."""
+        return self.diagnoses[0].kind.value if self.diagnoses else "unknown"
+
+    def summary(self) -> str:
+        """A few lines for the end of a fit."""
+        lines = [
+            f"maxtp: {sum(w.steps for w in self.windows)} steps measured, "
+            f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
+            f"data wait {self.data_wait_share:.0%}; bottleneck: {self.bottleneck}"
+        ]
+        if self.diagnoses:
+            top = self.diagnoses[0]
+            lines.append(f"  {top.summary}")
+            lines += [f"  next: {r}" for r in top.recommendations[:2]]
+        if self.ranks:
+            last = self.ranks[-1]
+            step, wait = last["stats"]["step_time_s"], last["stats"]["data_wait_share"]
+            lines.append(
+                f"  ranks: {len(last['per_rank']['step_time_s'])}, step {step['min'] * 1e3:.1f}/"
+                f"{step['median'] * 1e3:.1f}/{step['max'] * 1e3:.1f} ms (min/median/max), data "
+                f"wait {wait['min']:.0%}..{wait['max']:.0%}, straggler rank "
+                f"{last['straggler_rank']}"
+            )
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view (every window included)."""
+        return {
+            "samples_per_s": self.samples_per_s,
+            "median_step_s": self.median_step_s,
+            "data_wait_share": self.data_wait_share,
+            "bottleneck": self.bottleneck,
+            "diagnoses": [d.to_dict() for d in self.diagnoses],
+            "windows": [w.to_dict() for w in self.windows],
+            "step_log": [list(s) for s in self.step_log],
+            "timeline": self.timeline.to_dict(),
+            "knob_changes": [k.to_dict() for k in self.knob_changes],
+            "captures": [c.to_dict() for c in self.captures],
+            "ranks": list(self.ranks),
+            "notes": list(self.notes),
+        }
+
+    def to_markdown(self) -> str:
+        """A readable report: summary, diagnosis with evidence, windows, changes, captures."""
+        md = ["# Throughput report", "", f"**Bottleneck: `{self.bottleneck}`** - "
+              f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms,"
+              f" data wait {self.data_wait_share:.0%}", ""]  # fmt: skip
+        for d in self.diagnoses:
+            md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]
+            if d.evidence:
+                md += ["| evidence | value |", "|---|---|"]
+                md += [f"| {k} | {v} |" for k, v in d.evidence.items() if v is not None]
+                md.append("")
+            md += [f"{i}. `{r.knob}`: {r.current} -> {r.proposed} - {r.reason} "
+                   f"({'applied automatically' if r.auto_apply else 'opt-in'})"
+                   for i, r in enumerate(d.recommendations, 1)]  # fmt: skip
+            md.append("")
+        md += ["## Windows", "", "| steps | samples/s | median step ms | data wait | GPU util |",
+               "|---|---|---|---|---|"]  # fmt: skip
+        for w in self.windows:
+            util = w.sampler.mean_gpu_util
+            md.append(f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
+                      f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
+                      f"{'-' if util is None else f'{util:.0f} %'} |")  # fmt: skip
+        for title, items in (("Knob changes", self.knob_changes), ("Captures", self.captures)):
+            if items:
+                md += ["", f"## {title}", ""] + [f"- {x}" for x in items]
+        if self.ranks:
+            md += ["", "## Ranks (last window)", "", "```", json.dumps(self.ranks[-1]), "```"]
+        if self.notes:
+            md += ["", "## Notes", ""] + [f"- {n}" for n in self.notes]
+        return "\n".join(md) + "\n"
+
+    def write(self, folder: str | Path) -> dict[str, Path]:
+        """Write ``report.json``, ``report.md`` and (with matplotlib) ``timeline.png``.
+
+        Returns:
+            The written files by name.
+        """
+        from lightning_maxtp.observe.timeline import plot_timeline
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        written: dict[str, Path] = {}
+        png, note = out / "timeline.png", None
+        try:
+            plot_timeline(self, png)
+            written["timeline.png"] = png
+        except ImportError:
+            note = "timeline.png not written: install the `plot` extra (matplotlib)"
+        report = self if note is None else _with_note(self, note)
+        (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
+        (out / "report.md").write_text(report.to_markdown())
+        written["report.json"], written["report.md"] = out / "report.json", out / "report.md"
+        return written
+
+
+def _with_note(report: ThroughputReport, note: str) -> ThroughputReport:
+    from dataclasses import replace
+
+    return replace(report, notes=(*report.notes, note))

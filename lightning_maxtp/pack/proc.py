@@ -1,0 +1,145 @@
+"""Child processes of ``maxtp pack``: start one job in its own session, sample, reap, kill.
+
+Each job runs in a new session (``start_new_session=True``), so killing its process group stops
+the shell, the trainer and its DataLoader workers together; psutil's view of the tree catches
+descendants that moved to a session of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from lightning_maxtp.pack.spec import JobSpec
+
+OOM_MARKERS = (b"OutOfMemoryError", b"CUDA out of memory", b"CUBLAS_STATUS_ALLOC_FAILED")
+"""Text in a failed job's log that means the GPU ran out of memory (torch >= 2.5 raises
+``torch.OutOfMemoryError``; older ones ``torch.cuda.OutOfMemoryError``)."""
+_OOM_TAIL_BYTES = 256 * 1024
+
+
+@dataclass
+class Child:
+    """A running job's process and what was sampled from it (mutable, runner-internal)."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+    log_offset: int
+    started: float
+    tree: dict[int, psutil.Process] = field(default_factory=dict)
+    peak_rss_bytes: int = 0
+    sampled: float = 0.0
+    """``time.monotonic()`` of the last RSS sample."""
+
+    @property
+    def pid(self) -> int:
+        """The job's main process (its process group has the same id)."""
+        return self.popen.pid
+
+
+def start(job: JobSpec, env: dict[str, str], log_path: Path, header: str) -> Child:
+    """Start ``job`` with ``env`` added to this process's environment, output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed by reap() or kill()
+    log_file.write(header.encode())
+    log_file.flush()
+    offset = log_file.tell()
+    args: str | list[str] = job.command if isinstance(job.command, str) else list(job.command)
+    try:
+        popen = subprocess.Popen(
+            args,
+            shell=job.shell,
+            cwd=job.cwd,
+            env={**os.environ, **env, **job.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError:
+        log_file.close()
+        raise
+    return Child(popen, log_path, log_file, offset, time.monotonic())
+
+
+def sample(child: Child) -> None:
+    """Add new descendants to the tree and update the peak RSS (the sum over the tree).
+
+    Shared pages (forked DataLoader workers) count once per process, so the sum is an upper
+    bound. ``wait4``'s ``ru_maxrss`` is no help: Linux carries the forking parent's peak over
+    ``exec``, so every job would report at least this process's size.
+    """
+    with contextlib.suppress(psutil.Error):
+        root = child.tree.get(child.pid) or psutil.Process(child.pid)
+        child.tree.setdefault(child.pid, root)
+        for proc in root.children(recursive=True):
+            child.tree.setdefault(proc.pid, proc)
+    total = 0
+    for pid, proc in list(child.tree.items()):
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            child.tree.pop(pid, None)
+    child.peak_rss_bytes = max(child.peak_rss_bytes, total)
+
+
+def reap(child: Child) -> int | None:
+    """The exit code (``-N`` for signal N) if the job's main process ended, else ``None``."""
+    try:
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+    except ChildProcessError:
+        return child.popen.returncode
+    if pid == 0:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    child.popen.returncode = code  # we reaped it; keep Popen from waiting again
+    _stop_group(child, signal.SIGKILL)  # leftovers of a finished job are orphans: end them
+    child.log_file.close()
+    return code
+
+
+def kill(child: Child, grace_s: float = 5.0) -> None:
+    """Stop the job's whole process group and every descendant seen: SIGTERM, then SIGKILL."""
+    sample(child)
+    _stop_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and reap(child) is None:
+        time.sleep(0.05)
+    _stop_group(child, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        if child.popen.returncode is None:
+            _, status = os.waitpid(child.pid, 0)
+            child.popen.returncode = os.waitstatus_to_exitcode(status)
+    if not child.log_file.closed:
+        child.log_file.close()
+
+
+def _stop_group(child: Child, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, sig)
+    for proc in child.tree.values():
+        if proc.pid == child.pid:
+            continue
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+def log_shows_oom(child: Child) -> bool:
+    """Whether the job's own output (after our header) mentions a GPU out-of-memory error."""
+    try:
+        with open(child.log_path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(child.log_offset, size - _OOM_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return False
+    return any(marker in tail for marker in OOM_MARKERS)

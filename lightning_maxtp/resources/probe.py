@@ -1,0 +1,274 @@
+"""The resource probe: ``inspect_resources() -> Resources``.
+
+Never assume "1 GPU, 4 cores": read the numbers and size everything from them. ``Resources``
+holds what was read (CPUs, memory, GPUs, versions) and derived advice as plain data: which GPUs
+are free, how many CPU workers each device process may start, and how many copies of a model fit
+on each free GPU. It imports neither torch nor lightning unless NVML is missing and a GPU driver
+is present, so ``maxtp inspect`` answers quickly.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_maxtp._units import GIB, format_bytes
+from lightning_maxtp.resources.gpus import GpuInfo, GpuProcess, probe_gpus
+from lightning_maxtp.resources.host import CpuInfo, MemoryInfo, probe_cpus, probe_memory
+
+__all__ = ["CpuInfo", "GpuInfo", "GpuProcess", "MemoryInfo", "Resources", "inspect_resources"]
+
+FREE_GPU_MAX_USED_FRACTION = 0.05
+"""A GPU with more than this share of its memory in use is not "free", even without processes
+(other containers' processes are invisible to NVML's process list but their memory is not)."""
+DEFAULT_HEADROOM_BYTES = int(2.5 * GIB)
+"""Memory kept free on a GPU when counting model copies (the seeds' 2-3 GiB rule)."""
+
+
+@dataclass(frozen=True)
+class BusyGpu:
+    """A GPU left out of the free list, and why."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Sizing derived from the probe (plain data; see ``Resources.workers_per_gpu`` for models)."""
+
+    free_gpus: tuple[int, ...]
+    """CUDA ordinals of GPUs with no foreign process and little memory in use."""
+    busy_gpus: tuple[BusyGpu, ...]
+    device_processes: int
+    """Processes the job would start on this node: one per free GPU, or one on a CPU-only host."""
+    cpu_workers_per_process: int
+    """DataLoader workers each device process may start: (CPUs - one main thread per process)
+    divided among the processes. 0 means load data in the main process."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Software versions that decide what the library may do."""
+
+    python: str
+    torch: str | None
+    torch_cuda: str | None
+    """CUDA version torch was built with (``torch.version.cuda``), read without importing torch."""
+    lightning: str | None
+    driver: str | None
+    cuda_driver: str | None
+    """Highest CUDA version the driver supports."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What this machine offers to this process, as read by ``inspect_resources``."""
+
+    hostname: str
+    platform: str
+    cpu: CpuInfo
+    memory: MemoryInfo
+    gpus: tuple[GpuInfo, ...]
+    gpu_backend: str
+    """Where GPU numbers came from: ``"nvml"``, ``"torch"`` or ``"none"``."""
+    cuda_visible_devices: str | None
+    versions: Versions
+    advice: Advice
+    notes: tuple[str, ...] = field(default=())
+    """Machine-level notes: what could not be read, and why."""
+
+    def workers_per_gpu(
+        self,
+        model_bytes: int,
+        *,
+        headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+        max_workers: int | None = None,
+    ) -> dict[int, int]:
+        """Copies of a model that fit on each free GPU: ``(free - headroom) // model_bytes``.
+
+        Args:
+            model_bytes: Device memory one worker needs (weights plus activations), in bytes.
+            headroom_bytes: Memory left free on each GPU (default 2.5 GiB).
+            max_workers: Optional cap per GPU.
+
+        Returns:
+            ``{cuda ordinal: workers}`` for every free GPU (0 when even one copy does not fit).
+        """
+        return {
+            gpu.index: workers_for_memory(
+                gpu.memory_free_bytes, model_bytes, headroom_bytes=headroom_bytes,
+                max_workers=max_workers,
+            )
+            for gpu in self.gpus
+            if gpu.index in self.advice.free_gpus
+        }  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view (the output of ``maxtp inspect --json``)."""
+        return {
+            "hostname": self.hostname,
+            "platform": self.platform,
+            "cpu": self.cpu.to_dict(),
+            "memory": self.memory.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus],
+            "gpu_backend": self.gpu_backend,
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "versions": vars(self.versions).copy(),
+            "advice": {
+                "free_gpus": list(self.advice.free_gpus),
+                "busy_gpus": [vars(b).copy() for b in self.advice.busy_gpus],
+                "device_processes": self.advice.device_processes,
+                "cpu_workers_per_process": self.advice.cpu_workers_per_process,
+            },
+            "notes": list(self.notes),
+        }
+
+    def __str__(self) -> str:
+        from lightning_maxtp.resources.format import format_resources
+
+        return format_resources(self)
+
+
+def workers_for_memory(
+    free_bytes: int | None,
+    model_bytes: int,
+    *,
+    headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+    max_workers: int | None = None,
+) -> int:
+    """The seeds' workers-per-GPU rule: ``(free memory - headroom) // model memory``, at least 0.
+
+    Raises:
+        ValueError: If ``model_bytes`` is not positive, ``headroom_bytes`` is negative or
+            ``max_workers`` is below 1.
+    """
+    if model_bytes <= 0:
+        raise ValueError(
+            f"`model_bytes` must be a positive number of bytes, got {model_bytes!r}; "
+            "pass the device memory one model copy needs, e.g. int(1.5 * 2**30)"
+        )
+    if headroom_bytes < 0:
+        raise ValueError(f"`headroom_bytes` must be >= 0, got {headroom_bytes!r}")
+    if max_workers is not None and max_workers < 1:
+        raise ValueError(f"`max_workers` must be None or >= 1, got {max_workers!r}")
+    if free_bytes is None:
+        return 0
+    workers = max(0, (free_bytes - headroom_bytes) // model_bytes)
+    return min(workers, max_workers) if max_workers is not None else workers
+
+
+def derive_advice(cpu: CpuInfo, gpus: tuple[GpuInfo, ...]) -> Advice:
+    """Free GPUs and the CPU worker budget per device process (pure)."""
+    free: list[int] = []
+    busy: list[BusyGpu] = []
+    for gpu in gpus:
+        reason = _busy_reason(gpu)
+        if reason is None:
+            free.append(gpu.index)
+        else:
+            busy.append(BusyGpu(gpu.index, reason))
+    processes = max(1, len(free))
+    workers = max(0, (cpu.effective - processes) // processes)
+    return Advice(tuple(free), tuple(busy), processes, workers)
+
+
+def _busy_reason(gpu: GpuInfo) -> str | None:
+    foreign = gpu.foreign_processes
+    if foreign:
+        listed = ", ".join(
+            f"pid {p.pid}"
+            + (f" ({p.username})" if p.username else "")
+            + (f" {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else "")
+            for p in foreign[:3]
+        )
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        return f"{len(foreign)} foreign process(es): {listed}{more}"
+    if gpu.memory_total_bytes and gpu.memory_used_bytes is not None:
+        # Memory our own job holds (this process, its parents, its children) does not make the
+        # GPU busy; what is left is held by processes NVML cannot list (other containers).
+        own = sum(p.used_memory_bytes or 0 for p in gpu.processes or () if p.own)
+        unlisted = max(0, gpu.memory_used_bytes - own)
+        share = unlisted / gpu.memory_total_bytes
+        if share > FREE_GPU_MAX_USED_FRACTION:
+            return (
+                f"{format_bytes(unlisted)} of {format_bytes(gpu.memory_total_bytes)} in use "
+                f"({share:.0%}) by processes not listed (another container?)"
+            )
+    if gpu.mig_enabled:
+        return "MIG mode is on: use the MIG instances' UUIDs in CUDA_VISIBLE_DEVICES"
+    return None
+
+
+def _torch_cuda_version() -> str | None:
+    """``torch.version.cuda`` read from torch/version.py, without the ~3 s torch import."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        value = getattr(node, "value", None)
+        if any(getattr(t, "id", None) == "cuda" for t in targets) and value is not None:
+            try:
+                cuda = ast.literal_eval(value)
+            except ValueError:
+                return None
+            return cuda if isinstance(cuda, str) else None
+    return None
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def inspect_resources(path: str | os.PathLike[str] = ".", *, nvml: Any = None) -> Resources:
+    """Probe this machine as this process sees it.
+
+    Args:
+        path: Where the job writes (checkpoints, logs); its free disk space is reported.
+        nvml: An NVML module to use instead of ``pynvml`` (tests pass a small fake).
+
+    Returns:
+        The probe's ``Resources``; every value it could not read is ``None`` with a note.
+    """
+    cpu = probe_cpus()
+    memory = probe_memory(path)
+    gpu = probe_gpus(nvml)
+    versions = Versions(
+        python=platform.python_version(),
+        torch=_dist_version("torch"),
+        torch_cuda=_torch_cuda_version(),
+        lightning=_dist_version("lightning"),
+        driver=gpu.driver_version,
+        cuda_driver=gpu.cuda_driver_version,
+    )
+    return Resources(
+        hostname=socket.gethostname(),
+        platform=f"{platform.system()} {platform.machine()} ({sys.implementation.name})",
+        cpu=cpu,
+        memory=memory,
+        gpus=gpu.gpus,
+        gpu_backend=gpu.backend,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        versions=versions,
+        advice=derive_advice(cpu, gpu.gpus),
+        notes=gpu.notes,
+    )

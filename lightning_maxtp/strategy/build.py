@@ -1,0 +1,112 @@
+"""Build the Lightning strategy a ``StrategyPlan`` names, configured as ``AutoMaxTP`` was."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.fabric.utilities.imports import _IS_INTERACTIVE
+from lightning.pytorch.plugins.precision import (
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+)
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    FSDPStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+)
+
+from lightning_maxtp.strategy.devices import Devices
+from lightning_maxtp.strategy.model_size import FSDP_MIN_UNIT_PARAMS
+from lightning_maxtp.strategy.plan import StrategyPlan
+
+if TYPE_CHECKING:
+    from lightning_maxtp.strategy.auto_maxtp import AutoMaxTP
+
+__all__ = ["build_strategy", "devices_flag", "fsdp_precision"]
+
+
+def build_strategy(plan: StrategyPlan, template: AutoMaxTP) -> Strategy:
+    """The Lightning strategy for ``plan``, set up as Lightning set up ``template``."""
+    if plan.accelerator == "cuda":
+        devices = [torch.device("cuda", i) for i in plan.devices]
+    else:
+        devices = [torch.device("cpu")] * plan.num_processes
+    io = template._checkpoint_io
+    if plan.strategy == "single_device":
+        return SingleDeviceStrategy(
+            device=devices[0], accelerator=template.accelerator, checkpoint_io=io,
+            precision_plugin=template._precision_plugin,
+        )  # fmt: skip
+    strategy: DDPStrategy | FSDPStrategy
+    if plan.strategy == "ddp":
+        start = template._start_method
+        strategy = DDPStrategy(
+            accelerator=template.accelerator, parallel_devices=devices,
+            cluster_environment=template.cluster_environment, checkpoint_io=io,
+            precision_plugin=template._precision_plugin,
+            ddp_comm_state=template._ddp_comm_state, ddp_comm_hook=template._ddp_comm_hook,
+            ddp_comm_wrapper=template._ddp_comm_wrapper,
+            model_averaging_period=template._model_averaging_period,
+            process_group_backend=template._process_group_backend, timeout=template._timeout,
+            start_method="fork" if start == "popen" and _IS_INTERACTIVE else start,
+            **template._ddp_kwargs,
+        )  # fmt: skip
+    else:
+        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+        kwargs: dict[str, Any] = {
+            "auto_wrap_policy": partial(
+                size_based_auto_wrap_policy, min_num_params=FSDP_MIN_UNIT_PARAMS
+            ),
+            **template._fsdp_kwargs,
+            "cpu_offload": plan.cpu_offload,
+        }
+        strategy = FSDPStrategy(
+            accelerator=template.accelerator, parallel_devices=devices,
+            cluster_environment=template.cluster_environment, checkpoint_io=io,
+            precision_plugin=fsdp_precision(template._precision_plugin),
+            process_group_backend=template._process_group_backend, timeout=template._timeout,
+            **kwargs,
+        )  # fmt: skip
+    strategy.num_nodes = template.num_nodes
+    strategy._layer_sync = template._layer_sync
+    strategy.set_world_ranks()
+    strategy._configure_launcher()
+    return strategy
+
+
+def fsdp_precision(plugin: Precision | None) -> FSDPPrecision:
+    """The FSDP precision plugin for the one Lightning chose for a non-FSDP strategy.
+
+    Raises:
+        ValueError: For a custom precision plugin FSDP cannot take over.
+    """
+    if plugin is None:
+        return FSDPPrecision("32-true")
+    if isinstance(plugin, FSDPPrecision):
+        return plugin
+    if type(plugin) in (Precision, MixedPrecision, HalfPrecision):
+        return FSDPPrecision(plugin.precision)  # type: ignore[arg-type]
+    raise ValueError(
+        f"strategy='auto_maxtp' chose FSDP, which needs an FSDPPrecision plugin, but the Trainer "
+        f"has {type(plugin).__name__}; pass `precision=` instead of a precision plugin, or "
+        "choose the strategy yourself (strategy='ddp') to keep it"
+    )
+
+
+def devices_flag(indices: list[int], visible: list[int]) -> Devices:
+    """Lightning's parsed CUDA device list, read back as the request it most likely came from.
+
+    Lightning hands a strategy only the parsed list: all visible GPUs reads as ``"auto"``,
+    ``[0, .., k-1]`` as a count ``k`` (taken from the free GPUs), anything else as a list.
+    """
+    if sorted(indices) == sorted(visible):
+        return "auto"
+    if indices == list(range(len(indices))):
+        return len(indices)
+    return indices
