@@ -41,7 +41,7 @@ def plan_line(config: TuningConfig, resources: Resources, world_size: int) -> st
 
 
 def measure_loader(
-    loader: DataLoader[Any], window: Window, config: TuningConfig, resources: Resources
+    loader: DataLoader[Any], window: Window, config: TuningConfig, resources: Resources | None
 ) -> LoaderPlan:
     """``tune_dataloader`` on the user's loader against the window's consumption rate.
 

@@ -11,7 +11,6 @@ The callback owns a ``BottleneckMonitor`` (measurement, diagnosis, logging, the 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,17 +21,12 @@ from typing_extensions import override
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.config import TuningConfig
-from lightning_maxtp.callbacks.loader_trial import measure_loader, plan_change, plan_line
+from lightning_maxtp.callbacks.loader_trial import plan_line
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
-from lightning_maxtp.callbacks.trials import (
-    KnobTrial,
-    TuningSummary,
-    fmt_settings,
-    remaining,
-    top_line,
-)
-from lightning_maxtp.callbacks.tuning_loop import Change, TuningLoop, window_rate
-from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
+from lightning_maxtp.callbacks.trials import KnobTrial, TuningSummary
+from lightning_maxtp.callbacks.tuner import Tuner
+from lightning_maxtp.callbacks.tuning_loop import window_rate
+from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.observe.capture import CaptureMode
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.thresholds import MIN_GAIN
@@ -137,24 +131,24 @@ class MaxThroughputCallback(Callback):
         )  # fmt: skip
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.verbose = verbose
-        self.knob_changes: list[KnobChange] = []
         self.batch_plan: Any = None
-        self.loader_plan: Any = None
+        self.tuner = Tuner(self.config, self.monitor, None, verbose=verbose)
         self._report: ThroughputReport | None = None
-        self._reset_loop()
 
-    def _reset_loop(self) -> None:
-        config = self.config
-        self.loader: SwitchableLoader | None = None
-        self.source_loader: Any = None
-        self.resources: Any = None
-        self.loop = TuningLoop(
-            warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
-            min_gain=config.min_gain, max_trials=config.max_trials,
-            time_budget_s=config.time_budget_s, max_workers=config.max_workers,
-        )  # fmt: skip
-        self._notes: list[str] = []
-        self._drifted = False
+    @property
+    def loader(self) -> SwitchableLoader | None:
+        """The train loader the loop switches (``None`` until the fit starts, or when it cannot)."""
+        return self.tuner.loader
+
+    @property
+    def loader_plan(self) -> Any:
+        """``tune_dataloader``'s plan, once the loop measured the loader (else ``None``)."""
+        return self.tuner.loader_plan
+
+    @property
+    def knob_changes(self) -> list[KnobChange]:
+        """Every knob change of the last fit, tried, kept or reverted, with its time."""
+        return self.tuner.knob_changes
 
     @property
     def windows(self) -> list[Window]:
@@ -164,18 +158,17 @@ class MaxThroughputCallback(Callback):
     @property
     def trials(self) -> list[KnobTrial]:
         """Every knob trial so far, in order."""
-        return self.loop.trials
+        return self.tuner.trials
 
     @property
     def tuning(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        settings = self.loader.settings() if self.loader is not None else {}
-        return self.loop.summary(settings, tuple(self._notes))
+        return self.tuner.summary
 
     @property
     def report(self) -> ThroughputReport:
         """The report of the last fit (built at its end; a live view while it runs)."""
-        return self._report if self._report is not None else self._build_report()
+        return self._report if self._report is not None else self.tuner.extend(self.monitor.report)
 
     # -- setup: probe, plan, wrap the train loader ------------------------------------------
 
@@ -186,35 +179,19 @@ class MaxThroughputCallback(Callback):
         from lightning_maxtp.loader import lightning_private as private
         from lightning_maxtp.resources.probe import inspect_resources
 
-        self._reset_loop()
-        self.knob_changes = []
-        self.batch_plan, self.loader_plan = None, None
-        self.resources = inspect_resources()
+        resources = inspect_resources()
+        self.tuner = Tuner(self.config, self.monitor, resources, verbose=self.verbose)
+        self.batch_plan = None
         previous = private.dataloader_transform(trainer)
 
         def transform(loader: object, stage_: str | None, trainer_: pl.Trainer) -> object:
             if previous is not None:
                 loader = previous(loader, stage_, trainer_)
-            return self._wrap(loader) if stage_ == "train" else loader
+            return self.tuner.wrap(loader) if stage_ == "train" else loader
 
         private.install_dataloader_transform(trainer, transform)
         if self.verbose:
-            rank_zero_info(plan_line(self.config, self.resources, trainer.world_size))
-
-    def _wrap(self, loader: object) -> object:
-        why = switchable_reason(loader)
-        if why is not None:
-            self._note(f"loader knobs not changed: {why}")
-            return loader
-        if isinstance(loader, SwitchableLoader):
-            return loader
-        from torch.utils.data import DataLoader
-
-        assert isinstance(loader, DataLoader)
-        self.source_loader = loader
-        cpus = int(self.resources.cpu.effective) if self.resources else 1
-        self.loader = SwitchableLoader(loader, cpu_threads=cpus)
-        return self.loader
+            rank_zero_info(plan_line(self.config, resources, trainer.world_size))
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -265,146 +242,32 @@ class MaxThroughputCallback(Callback):
         batch_idx: int,
     ) -> None:
         self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        # Settle steps count once the old workers drained their in-flight batches
-        # (deterministic, so every DDP rank closes its window at the same step).
-        if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
-            self.monitor.restart_window()  # the measured window starts at this step boundary
+        self.tuner.on_step()
 
     def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        if self.loop.measuring:  # no profiler inside a measured window
+        if self.tuner.loop.measuring:  # no profiler inside a measured window
             found = self.monitor.record(trainer, window, may_capture=False)
-            self._tuning_step(trainer, window, found)
+            self.tuner.measured(trainer, window, found)
             self._show_progress(trainer, window)
             return
         self.monitor.record(trainer, window)
-        if self.loop.finished:
-            self._watch_drift(window)
-
-    def _tuning_step(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
-        loop = self.loop
-        if loop.phase == "baseline":
-            loop.record_baseline(window, found)
-            self._say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
-                      f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
-        else:
-            kept = loop.pays(window) if trainer.is_global_zero else None
-            if trainer.world_size > 1:
-                kept = trainer.strategy.broadcast(kept, src=0)
-            self._finish_trial(window, bool(kept), found)
-        decision = self._decide() if trainer.is_global_zero else None
-        if trainer.world_size > 1:
-            decision = trainer.strategy.broadcast(decision, src=0)
-        if decision is None or isinstance(decision, str):
-            self._stop(decision or "no loader")
-        else:
-            self._start_trial(trainer, *decision)
+        if self.tuner.loop.finished:
+            self.tuner.watch_drift(window)
 
     def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
         """Tuning progress in the progress bar: rate of the window, trials, whether done."""
         module = trainer.lightning_module
-        values = (window_rate(window), len(self.trials), float(not self.loop.finished))
+        values = (window_rate(window), len(self.trials), float(not self.tuner.loop.finished))
         for name, value in zip(PROGRESS_BAR, values, strict=True):
             module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
 
-    def _decide(self) -> Change | str:
-        """Rank zero: the next trial, or why the loop stops."""
-        if self.loader is None:
-            return "the train loader cannot be switched (see notes)"
-        settings = self.loader.settings()
-        wants_plan = self.config.tune_loader and self.loader_plan is None
-        plan = self._plan_change if wants_plan else None
-        device = self.monitor.context.device_type
-        return self.loop.decide(settings, device_type=device, loader_plan=plan)
-
-    def _plan_change(self) -> Change | None:
-        """Step 3: ``tune_dataloader`` against the reference window's consumption rate."""
-        assert self.loop.ref is not None and self.loader is not None
-        rate = self.loop.ref.device_samples_per_s
-        self._say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
-        try:
-            self.loader_plan = measure_loader(
-                self.source_loader, self.loop.ref, self.config, self.resources
-            )
-        except Exception as err:  # advisory: the diagnosis loop still runs without it
-            self._note(f"tune_dataloader failed, skipped: {err!r}")
-            self.loader_plan = False
-            return None
-        return plan_change(self.loader_plan, self.loader.settings())
-
-    def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
-        assert self.loader is not None
-        old = {k: self.loader.settings()[k] for k in new}
-        self.loader.request(**new)
-        # Windows measured from now on run with the new settings: diagnose them as such.
-        self.monitor.clock.update_context(**self.loader.settings())
-        self.loop.start(knob, old, new, why, trainer.global_step)
-        self._record_change(knob, old, new, f"trying: {why}")
-        self._say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
-        if self.loop.measuring:  # settle_steps=0: the trial window starts now
-            self.monitor.restart_window()
-
-    def _finish_trial(self, window: Window, kept: bool, found: tuple[Any, ...]) -> None:
-        assert self.loader is not None and self.loop.pending is not None
-        old, new = self.loop.pending
-        trial = self.loop.finish(window, kept, found)
-        self._say(str(trial))
-        if not kept:
-            self.loader.request(**old)
-            self._record_change(
-                trial.knob, new, old, f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}"
-            )
-        self.monitor.clock.update_context(**self.loader.settings())
-
-    def _stop(self, reason: str) -> None:
-        self.loop.stop(reason)
-        steps = self.config.monitor_window_steps
-        self.monitor.window_steps = steps
-        self._say(f"tuning done after {self.tuning.tuning_s:.1f} s: {reason}; now monitoring "
-                  f"every {steps} steps")  # fmt: skip
-
-    def _watch_drift(self, window: Window) -> None:
-        tuned = window_rate(self.loop.ref) if self.loop.ref is not None else None
-        slow = tuned and window_rate(window) < (1 - self.config.drift_share) * tuned
-        if slow and not self._drifted:
-            self._drifted = True
-            last = self.monitor.diagnoses[-1] if self.monitor.diagnoses else ()
-            self._note(f"throughput drifted at step {window.first_step}: "
-                       f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
-                       f"{top_line(last)}")  # fmt: skip
-
     # -- report -----------------------------------------------------------------------------
-
-    def _record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
-        t_s = self.monitor.elapsed_s()
-        self.knob_changes.append(
-            KnobChange(t_s, knob, fmt_settings(old), fmt_settings(new), reason)
-        )
-
-    def _note(self, text: str) -> None:
-        if text not in self._notes:
-            self._notes.append(text)
-            self._say(text)
-
-    def _say(self, text: str) -> None:
-        if self.verbose:
-            rank_zero_info(text)
-        log.debug(text)
-
-    def _build_report(self) -> ThroughputReport:
-        report = self.monitor.report
-        tuning = self.tuning
-        notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
-        left = remaining(report.diagnoses, self.loop.tried, tuning.settings)
-        return dataclasses.replace(
-            report, diagnoses=left, knob_changes=tuple(self.knob_changes),
-            notes=(*notes, *self._notes),
-        )  # fmt: skip
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.loop.end()
+        self.tuner.loop.end()
         self.monitor.on_train_end(trainer, pl_module)
-        self._report = self._build_report()
+        self._report = self.tuner.extend(self.monitor.report)
         if trainer.is_global_zero:
             if self.verbose:
                 rank_zero_info(self._report.summary())
@@ -418,5 +281,5 @@ class MaxThroughputCallback(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.monitor.teardown(trainer, pl_module, stage)
-        if stage == "fit" and self.loader is not None:
-            self.loader.shutdown()
+        if stage == "fit" and self.tuner.loader is not None:
+            self.tuner.loader.shutdown()

@@ -1,7 +1,7 @@
 """What the DataLoader search measures and decides with: one measured setting, the search's result.
 
-``LoaderCandidate`` is one setting measured alone (``_loader_measure``); ``SearchResult`` is what
-the search (``_loader_search``) measured, chose and why it stopped; ``expected_rate`` and
+``LoaderCandidate`` is one setting measured alone (``measure``); ``SearchResult`` is what
+the search (``search``) measured, chose and why it stopped; ``expected_rate`` and
 ``meets_target`` turn a candidate's numbers into what a training loop fed by it can reach.
 """
 

@@ -1,7 +1,7 @@
 """The search behind ``tune_dataloader``: which DataLoader settings to measure, and which to keep.
 
 Pure: it calls a ``measure(num_workers, prefetch_factor)`` function it is given (which runs the
-real loader, see ``_loader_measure``) and decides from the numbers alone, so the rule can be
+real loader, see ``measure``) and decides from the numbers alone, so the rule can be
 tested with canned measurements. The rule, from the project's seeds:
 
 1. Measure loading in the main process (``num_workers=0``): the reference, and the winner for

@@ -1,8 +1,8 @@
 """Name the bottleneck of a window of steps: ``diagnose(window) -> list[Diagnosis]``.
 
 Pure: plain data in (``Window``), plain data out; no torch. Each rule reads shares of the step
-or of the sampling period (thresholds and their sources in ``_thresholds.py``) and returns the
-measured numbers that triggered it plus concrete recommendations (``_recommend.py``). On a CPU
+or of the sampling period (thresholds and their sources in ``thresholds``) and returns the
+measured numbers that triggered it plus concrete recommendations (``recommend``). On a CPU
 device only the kinds that exist there are considered: data_pipeline, storage, compute.
 """
 

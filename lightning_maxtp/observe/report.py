@@ -21,7 +21,7 @@ __all__ = ["KnobChange", "ThroughputReport"]
 
 @dataclass(frozen=True)
 class KnobChange:
-    """A knob changed while the job ran (issue [6]'s loop records these)."""
+    """A knob changed while the job ran (``MaxThroughputCallback``'s loop records these)."""
 
     t_s: float
     """Seconds since the monitor started."""

@@ -1,6 +1,6 @@
 """A window of N training steps as plain data: what ``diagnose`` reads.
 
-``StepClock`` (``signals.py``) fills it from a running fit; tests and ``maxtp triage`` build it
+``StepClock`` (in ``callbacks``) fills it from a running fit; tests and ``maxtp triage`` build it
 by hand. Nothing here imports torch.
 """
 

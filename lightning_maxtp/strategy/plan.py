@@ -2,8 +2,8 @@
 
 Pure: plain data in (the probe's ``Resources``, a ``ModelSize`` or a parameter count, precision,
 optimizer, devices, nodes), a ``StrategyPlan`` out, and no torch or lightning import. The
-memory formula is in ``lightning_maxtp/_memory_estimate.py``; the Lightning strategy that applies
-a plan, ``AutoMaxTP`` (``Trainer(strategy="auto_maxtp")``), is in ``_auto_maxtp.py``.
+memory formula is in ``memory``; the Lightning strategy that applies
+a plan, ``AutoMaxTP`` (``Trainer(strategy="auto_maxtp")``), is in ``auto_maxtp``.
 
 The rules, in order:
 

@@ -1,0 +1,225 @@
+"""``Tuner``: carries out the closed loop's decisions inside one fit.
+
+``TuningLoop`` (pure) decides what to measure, try and keep; the tuner owns what those decisions
+act on (the switchable train loader, the user's own loader for ``tune_dataloader``) and what
+they leave behind (knob changes with their times, notes), and puts them in the report. The
+callback makes a new one for every fit and feeds it measured windows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp._log import rank_zero_info
+from lightning_maxtp.callbacks.loader_trial import measure_loader, plan_change
+from lightning_maxtp.callbacks.trials import (
+    KnobTrial,
+    TuningSummary,
+    fmt_settings,
+    remaining,
+    top_line,
+)
+from lightning_maxtp.callbacks.tuning_loop import Change, TuningLoop, window_rate
+from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
+from lightning_maxtp.observe.report import KnobChange, ThroughputReport
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
+    from lightning_maxtp.callbacks.config import TuningConfig
+    from lightning_maxtp.observe.window import Window
+    from lightning_maxtp.resources.probe import Resources
+
+__all__ = ["Tuner"]
+
+log = logging.getLogger(__name__)
+
+
+class Tuner:
+    """One fit's tuning: the loop, the train loader it switches, the changes and the notes.
+
+    Args:
+        config: What the loop may do.
+        monitor: The monitor measuring the fit (windows restart and carry settings through it).
+        resources: The probe's result (CPU budget, GPUs) for the loader measurement.
+        verbose: Print each step of the loop (rank zero).
+    """
+
+    def __init__(
+        self,
+        config: TuningConfig,
+        monitor: BottleneckMonitor,
+        resources: Resources | None,
+        *,
+        verbose: bool,
+    ) -> None:
+        self.config, self.monitor, self.resources, self.verbose = (
+            config,
+            monitor,
+            resources,
+            verbose,
+        )
+        self.loop = TuningLoop(
+            warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
+            min_gain=config.min_gain, max_trials=config.max_trials,
+            time_budget_s=config.time_budget_s, max_workers=config.max_workers,
+        )  # fmt: skip
+        self.loader: SwitchableLoader | None = None
+        self.source_loader: Any = None
+        self.loader_plan: Any = None
+        """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
+        self.knob_changes: list[KnobChange] = []
+        self.notes: list[str] = []
+        self._drifted = False
+
+    @property
+    def trials(self) -> list[KnobTrial]:
+        """Every knob trial so far, in order."""
+        return self.loop.trials
+
+    @property
+    def summary(self) -> TuningSummary:
+        """What the loop did (live while the fit runs)."""
+        settings = self.loader.settings() if self.loader is not None else {}
+        return self.loop.summary(settings, tuple(self.notes))
+
+    def wrap(self, loader: object) -> object:
+        """The train loader to use: the user's, wrapped so its knobs can switch mid-epoch."""
+        why = switchable_reason(loader)
+        if why is not None:
+            self.note(f"loader knobs not changed: {why}")
+            return loader
+        if isinstance(loader, SwitchableLoader):
+            return loader
+        from torch.utils.data import DataLoader
+
+        assert isinstance(loader, DataLoader)
+        self.source_loader = loader
+        cpus = int(self.resources.cpu.effective) if self.resources else 1
+        self.loader = SwitchableLoader(loader, cpu_threads=cpus)
+        return self.loader
+
+    def on_step(self) -> None:
+        """A training step ended: a measured window may start at this boundary."""
+        # Settle steps count once the old workers drained their in-flight batches
+        # (deterministic, so every DDP rank closes its window at the same step).
+        if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
+            self.monitor.restart_window()
+
+    def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
+        """A baseline or trial window closed: judge it, then start the next trial or stop."""
+        loop = self.loop
+        if loop.phase == "baseline":
+            loop.record_baseline(window, found)
+            self.say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
+                     f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
+        else:
+            kept = loop.pays(window) if trainer.is_global_zero else None
+            if trainer.world_size > 1:
+                kept = trainer.strategy.broadcast(kept, src=0)
+            self._finish_trial(window, bool(kept), found)
+        decision = self._decide() if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            decision = trainer.strategy.broadcast(decision, src=0)
+        if decision is None or isinstance(decision, str):
+            self._stop(decision or "no loader")
+        else:
+            self._start_trial(trainer, *decision)
+
+    def watch_drift(self, window: Window) -> None:
+        """After tuning: note (once) a window much slower than the tuned rate."""
+        tuned = window_rate(self.loop.ref) if self.loop.ref is not None else None
+        slow = tuned and window_rate(window) < (1 - self.config.drift_share) * tuned
+        if slow and not self._drifted:
+            self._drifted = True
+            last = self.monitor.diagnoses[-1] if self.monitor.diagnoses else ()
+            self.note(f"throughput drifted at step {window.first_step}: "
+                      f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
+                      f"{top_line(last)}")  # fmt: skip
+
+    def extend(self, report: ThroughputReport) -> ThroughputReport:
+        """The monitor's report with the knob changes, the trials and what is left to do."""
+        tuning = self.summary
+        notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
+        left = remaining(report.diagnoses, self.loop.tried, tuning.settings)
+        return dataclasses.replace(
+            report, diagnoses=left, knob_changes=tuple(self.knob_changes),
+            notes=(*notes, *self.notes),
+        )  # fmt: skip
+
+    def note(self, text: str) -> None:
+        """A caveat for the report (said once)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self.say(text)
+
+    def say(self, text: str) -> None:
+        """One line of the loop's progress (rank zero, when verbose)."""
+        if self.verbose:
+            rank_zero_info(text)
+        log.debug(text)
+
+    # -- the steps of the loop --------------------------------------------------------------
+
+    def _decide(self) -> Change | str:
+        """Rank zero: the next trial, or why the loop stops."""
+        if self.loader is None:
+            return "the train loader cannot be switched (see notes)"
+        settings = self.loader.settings()
+        wants_plan = self.config.tune_loader and self.loader_plan is None
+        plan = self._plan_change if wants_plan else None
+        device = self.monitor.context.device_type
+        return self.loop.decide(settings, device_type=device, loader_plan=plan)
+
+    def _plan_change(self) -> Change | None:
+        """``tune_dataloader`` against the reference window's consumption rate."""
+        assert self.loop.ref is not None and self.loader is not None
+        rate = self.loop.ref.device_samples_per_s
+        self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+        try:
+            self.loader_plan = measure_loader(
+                self.source_loader, self.loop.ref, self.config, self.resources
+            )
+        except Exception as err:  # advisory: the diagnosis loop still runs without it
+            self.note(f"tune_dataloader failed, skipped: {err!r}")
+            self.loader_plan = False
+            return None
+        return plan_change(self.loader_plan, self.loader.settings())
+
+    def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
+        assert self.loader is not None
+        old = {k: self.loader.settings()[k] for k in new}
+        self.loader.request(**new)
+        # Windows measured from now on run with the new settings: diagnose them as such.
+        self.monitor.clock.update_context(**self.loader.settings())
+        self.loop.start(knob, old, new, why, trainer.global_step)
+        self._record_change(knob, old, new, f"trying: {why}")
+        self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
+        if self.loop.measuring:  # settle_steps=0: the trial window starts now
+            self.monitor.restart_window()
+
+    def _finish_trial(self, window: Window, kept: bool, found: tuple[Any, ...]) -> None:
+        assert self.loader is not None and self.loop.pending is not None
+        old, new = self.loop.pending
+        trial = self.loop.finish(window, kept, found)
+        self.say(str(trial))
+        if not kept:
+            self.loader.request(**old)
+            reason = f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}"
+            self._record_change(trial.knob, new, old, reason)
+        self.monitor.clock.update_context(**self.loader.settings())
+
+    def _stop(self, reason: str) -> None:
+        self.loop.stop(reason)
+        steps = self.config.monitor_window_steps
+        self.monitor.window_steps = steps
+        self.say(f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
+                 f"every {steps} steps")  # fmt: skip
+
+    def _record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
+        change = KnobChange(self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new),
+                            reason)  # fmt: skip
+        self.knob_changes.append(change)
