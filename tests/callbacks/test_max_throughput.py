@@ -20,31 +20,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.loader.switchable import SwitchableLoader
 from tests.helpers.loader_data import SleepDataset
+from tests.helpers.models import IdModel
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class IdModel(pl.LightningModule):
-    """Records the sample ids it trains and validates on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(16, 1)
-        self.ids: list[int] = []
-        self.val_batches = 0
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, idx = batch
-        self.ids += idx.tolist()
-        return self.layer(x).pow(2).mean()
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.val_batches += 1
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class SleepData(pl.LightningDataModule):
@@ -86,6 +67,7 @@ def _fit(callback: MaxThroughputCallback | None, **kwargs: Any) -> list[int]:
         shown = trainer.progress_bar_metrics
         assert shown["maxtp_trials"] == len(callback.trials), shown
         assert shown["maxtp_samples_s"] > 0 and shown["maxtp_tuning"] in (0.0, 1.0), shown
+        assert {k for k in shown if k.startswith("maxtp")} == set(PROGRESS_BAR), shown
     return model.ids
 
 
@@ -187,7 +169,7 @@ import lightning.pytorch as pl, torch
 from torch.utils.data import DataLoader
 from lightning_maxtp.callbacks import MaxThroughputCallback
 from tests.helpers.loader_data import SleepDataset
-from tests.test_callback import IdModel
+from tests.helpers.models import IdModel
 
 pl.seed_everything(0, verbose=False)
 cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=2,

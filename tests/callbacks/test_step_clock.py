@@ -17,7 +17,7 @@ from lightning_maxtp.callbacks.step_clock import StepClock, count_samples
 from lightning_maxtp.observe import sampler as _sampler
 from tests.helpers import planted
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_count_samples_reads_nested_batches_and_names_the_fix() -> None:

@@ -91,3 +91,33 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return []
+
+
+FOREIGN_PID = 4_190_000
+"""Above any pid this machine hands out: owner unknown, not ours."""
+
+
+def fake_machine(
+    gpus: int = 0, *, busy: tuple[int, ...] = (), total_gib: float = 80.0, ram_gib: float = 512.0
+) -> Any:
+    """The real host probe with fake GPUs (80 GiB, 0.5 GiB used) and a chosen amount of RAM.
+
+    A GPU in ``busy`` has 20 GiB used by a foreign process (pid ``FOREIGN_PID + index``).
+    """
+    import dataclasses
+
+    from lightning_maxtp.resources import inspect_resources
+
+    fakes = [
+        FakeGpu(
+            uuid=f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd", total_gib=total_gib,
+            used_gib=20.5 if i in busy else 0.5,
+            processes=[(FOREIGN_PID + i, 20 * GIB)] if i in busy else [],
+        )
+        for i in range(gpus)
+    ]  # fmt: skip
+    res = inspect_resources(nvml=FakeNvml(fakes))
+    memory = dataclasses.replace(
+        res.memory, available_bytes=int(ram_gib * GIB), cgroup_limit_bytes=None
+    )
+    return dataclasses.replace(res, memory=memory)

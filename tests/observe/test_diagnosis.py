@@ -13,7 +13,7 @@ import pytest
 from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 H200 = JobContext(
     device_type="cuda", gpu_name="NVIDIA H200", compute_capability="9.0",

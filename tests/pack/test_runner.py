@@ -19,7 +19,7 @@ from lightning_maxtp.pack import JobSpec, plan_pack, run_jobs
 from lightning_maxtp.resources import CpuInfo
 from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 SHOW_ENV = (
     "import os, time; e = os.environ; "

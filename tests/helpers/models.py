@@ -1,0 +1,29 @@
+"""Small LightningModules the callback tests train."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+
+class IdModel(pl.LightningModule):
+    """Records the sample ids it trains and validates on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 1)
+        self.ids: list[int] = []
+        self.val_batches = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, idx = batch
+        self.ids += idx.tolist()
+        return self.layer(x).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.val_batches += 1
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
