@@ -1,4 +1,4 @@
-"""GPU check for the batch-size search (issue [4]): real ceiling, knee, Lightning's finder.
+"""GPU check for the batch-size search: real ceiling, knee, Lightning's finder.
 
 What it checks, with ResNet-50 (random init, bf16-mixed, 224 px synthetic images, SGD), from a
 real Trainer's ``on_fit_start``, in a few minutes on an H200:
@@ -12,7 +12,7 @@ real Trainer's ``on_fit_start``, in a few minutes on an H200:
 3. Lightning's BatchSizeFinder (``Tuner.scale_batch_size``, power mode; ``--binsearch`` adds
    binsearch) on the same model: its pick and its time, and the throughput at its pick measured
    with the same timed step as ours.
-4. The GPU-marked tests of ``tests/test_batch_size.py``.
+4. The GPU-marked tests of ``tests/batch_size/test_find.py``.
 
 Prints a table, then one JSON line. ``--smoke`` (or no GPU) runs the same plumbing on the CPU
 with resnet18 at 32 px and a cap of 16, and reports the GPU items as skipped.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.checks import check, finish, run_gpu_tests  # noqa: E402
 from benchmarks.workloads.jpeg import ImageClassifier  # noqa: E402
-from lightning_maxtp.batch_size.find import BatchSizePlan, find_batch_size  # noqa: E402
+from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size  # noqa: E402
 
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
@@ -227,7 +227,7 @@ def main() -> int:
     ours = search_checks(rows, args, gpu)
     theirs = lightning_checks(rows, args)
     if gpu:
-        run_gpu_tests(rows, "tests/test_batch_size.py", "cuda")
+        run_gpu_tests(rows, "tests/batch_size/test_find.py", "cuda")
     print()
     return finish(
         "gpu_check_batch_size", rows, args.out, name_width=40, none_label="info",

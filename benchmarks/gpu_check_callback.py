@@ -1,4 +1,4 @@
-"""GPU check for issue [6]: ``MaxThroughputCallback`` on the JPEG ResNet-50 workload.
+"""GPU check for ``MaxThroughputCallback`` on the JPEG ResNet-50 workload.
 
 On one GPU (reference, one H200 with 16 CPUs: Lightning defaults 201 img/s, expert hand-tuned
 2,493, machine ceiling ~5,000): Lightning defaults (batch 32, 0 workers, fp32) vs. the same

@@ -1,4 +1,4 @@
-"""GPU check for issue [2]: does ``BottleneckMonitor`` name each planted GPU bottleneck right?
+"""GPU check of the diagnosis: does ``BottleneckMonitor`` name each planted GPU bottleneck right?
 
 Each case is a real ``Trainer.fit`` on one GPU whose limit is known by construction:
 
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor  # noqa: E402
+from lightning_maxtp.callbacks import BottleneckMonitor  # noqa: E402
 
 
 class Mlp(pl.LightningModule):

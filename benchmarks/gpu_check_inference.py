@@ -1,4 +1,4 @@
-"""GPU check for ``BatchInferencePool`` (issue [7]): JPEG ResNet-50 inference on one GPU.
+"""GPU check for ``BatchInferencePool``: JPEG ResNet-50 inference on one GPU.
 
 What it measures, in one run (a few minutes on an H200 with 16 CPUs):
 
@@ -6,7 +6,7 @@ What it measures, in one run (a few minutes on an H200 with 16 CPUs):
    the naive loop (one process, sequential decode, fp32; on the first 1,024 items only, it is
    slow), the expert loop (DataLoader with CPUs - 1 workers, persistent, prefetch 4, pinned
    memory, non-blocking copies, channels-last, bf16), the pool with everything ``"auto"``, and
-   the pool with ``pool_workers`` model copies on the GPU. Reference figures (issue [7], same
+   the pool with ``pool_workers`` model copies on the GPU. Reference figures (DESIGN's anchors, same
    GPU): naive 289 img/s, expert 5,036 img/s; the target is the pool >= the expert loop.
 2. Where the remaining gap is: the GPU's ceiling (ResNet-50 forward on a batch already on the
    GPU, bf16, channels-last) and the CPU's (one core's JPEG decode rate x (CPUs - 1)); the

@@ -1,4 +1,4 @@
-"""GPU check for the resource probe (issue [1]): is ``maxtp inspect --json`` right on a GPU host?
+"""GPU check for the resource probe: is ``maxtp inspect --json`` right on a GPU host?
 
 What it checks, against torch.cuda as the reference, in a few seconds:
 
@@ -7,7 +7,7 @@ What it checks, against torch.cuda as the reference, in a few seconds:
 3. ``CUDA_VISIBLE_DEVICES`` forms: an index, a UUID prefix, and a bad value (a note, no crash).
 4. A foreign process: a detached process (not our child) allocates GPU memory; the probe must
    list it as foreign and drop that GPU from the free list.
-5. The GPU-marked tests of ``tests/test_resources.py``.
+5. The GPU-marked tests of ``tests/resources/test_probe.py``.
 
 Prints a table, then one JSON line. On a machine without a GPU (``--smoke``, or automatically)
 the GPU items are reported as skipped, so the script itself can be tested on a CPU.
@@ -105,7 +105,7 @@ def main() -> int:
     has_gpu = bool(data["gpus"]) and not args.smoke
     if has_gpu:
         gpu_checks(rows, data)
-        run_gpu_tests(rows, "tests/test_resources.py", "real_gpu")
+        run_gpu_tests(rows, "tests/resources/test_probe.py", "real_gpu")
     else:
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
     return finish(

@@ -1,4 +1,4 @@
-"""GPU check for ``tune_dataloader`` (issue [3]): does the plan feed a GPU as well as an expert?
+"""GPU check for ``tune_dataloader``: does the plan feed a GPU as well as an expert?
 
 What it checks, on the JPEG ResNet workload (file read, PIL decode, RandomResizedCrop 224, flip,
 normalize; ResNet-50, bf16, channels_last, batch 256), in a few minutes on one H200:
@@ -9,7 +9,7 @@ normalize; ResNet-50, bf16, channels_last, batch 256), in a few minutes on one H
 3. Real ``Trainer.fit`` runs, A/B: Lightning defaults (0 workers), hand-tuned (the DESIGN
    anchor: CPUs - 1 workers, prefetch 4, pinned, persistent) and the plan. The plan must be
    within 10 % of hand-tuned and at least 2x the defaults.
-4. The GPU-marked loader tests (``tests/test_loader.py -k gpu``).
+4. The GPU-marked loader tests (``tests/loader/test_tune.py -k gpu``).
 
 Prints a table, then one JSON line. ``--smoke`` (or no GPU) runs tiny sizes on the CPU with the
 GPU items reported as skipped, so the script itself is tested on a CPU.
@@ -43,8 +43,8 @@ from benchmarks.workloads.jpeg import (  # noqa: E402
     generate_jpeg_dataset,
     make_loader,
 )
-from lightning_maxtp.loader.plan import tune_dataloader  # noqa: E402
-from lightning_maxtp.resources.probe import inspect_resources  # noqa: E402
+from lightning_maxtp.loader import tune_dataloader  # noqa: E402
+from lightning_maxtp.resources import inspect_resources  # noqa: E402
 
 FULL = {"images": 2048, "image_size": 288, "crop": 224, "batch": 256, "model": "resnet50",
         "warmup": 5, "steps": 30, "rounds": 2, "budget": 15.0}  # fmt: skip
@@ -119,7 +119,7 @@ def main() -> int:
     check(rows, "plan >= 2x Lightning defaults", vs_defaults >= 2 if gpu else None,
           f"{vs_defaults:.2f}x")  # fmt: skip
     if gpu:
-        run_gpu_tests(rows, "tests/test_loader.py", "gpu")
+        run_gpu_tests(rows, "tests/loader/test_tune.py", "gpu")
     else:
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
     return finish("gpu_check_loader", rows, args.out, name_width=32, consumption_rate=rate,

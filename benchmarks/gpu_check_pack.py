@@ -1,4 +1,4 @@
-"""GPU check for ``maxtp pack`` (issue [8]): small training jobs packed onto one GPU vs. in turn.
+"""GPU check for ``maxtp pack``: small training jobs packed onto one GPU vs. in turn.
 
 What it checks, in about two minutes on an H200:
 

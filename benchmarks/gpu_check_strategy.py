@@ -1,4 +1,4 @@
-"""GPU check for ``Trainer(strategy="auto_maxtp")`` (issue [5]): is the plan right, and does it run?
+"""GPU check for ``Trainer(strategy="auto_maxtp")``: is the plan right, and does it run?
 
 What it checks, each fit in a fresh process (Lightning's launchers leave ``LOCAL_RANK``, a
 process group and our plan in the environment of the process that ran them):
@@ -14,7 +14,7 @@ process group and our plan in the environment of the process that ran them):
 4. ``busy``: a detached process (not ours) holds memory on GPU 0; on a one-GPU host
    ``devices="auto"`` must fail with "found no free GPU", naming it; with more GPUs the plan
    must skip GPU 0 and name it.
-5. The GPU-marked tests of ``tests/test_strategy.py``.
+5. The GPU-marked tests of ``tests/strategy/test_auto_maxtp.py``.
 
 Prints a table, then one JSON line. On a machine without a GPU (``--smoke``, or automatically)
 the GPU items are skipped and the ``cpu`` item (the same worker, single device on the CPU) runs,
@@ -224,7 +224,7 @@ def main() -> int:
         check(rows, f"plan {billions}B params, bf16-mixed", None, detail)
     if gpus and not args.smoke:
         results = gpu_checks(rows, args.steps, gpus)
-        run_gpu_tests(rows, "tests/test_strategy.py", "real_gpu")
+        run_gpu_tests(rows, "tests/strategy/test_auto_maxtp.py", "real_gpu")
     else:
         results = {"cpu": run_item("cpu", args.steps)}
         fit_checks(rows, results["cpu"], "SingleDeviceStrategy", args.steps)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from callback_train import SlowStorageDataset, TinyClassifier
 
-from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp import MaxThroughputCallback
 
 
 class ExistingData(pl.LightningDataModule):

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp import MaxThroughputCallback
 
 
 class SlowStorageDataset(Dataset[tuple[torch.Tensor, int]]):

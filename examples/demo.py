@@ -94,7 +94,7 @@ def main() -> int:
         generate_jpeg_dataset,
         make_loader,
     )
-    from lightning_maxtp.callbacks import MaxThroughputCallback
+    from lightning_maxtp import MaxThroughputCallback
 
     pl.seed_everything(0, verbose=False)
     crop = 64

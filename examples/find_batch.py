@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
+from lightning_maxtp import BatchSizePlan, find_batch_size
 
 
 class Classifier(pl.LightningModule):

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightning_maxtp.pack import JobSpec, plan_pack, run_jobs
+from lightning_maxtp import JobSpec, plan_pack, run_jobs
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_maxtp.loader import tune_dataloader
+from lightning_maxtp import tune_dataloader
 
 
 class InMemoryJpegs(Dataset[tuple[torch.Tensor, int]]):
