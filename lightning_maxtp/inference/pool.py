@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from lightning_maxtp._log import prefixed
 from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
 from lightning_maxtp.inference.plan import Devices, plan_workers
 from lightning_maxtp.inference.records import InferencePlan, InferenceStats
@@ -133,7 +134,7 @@ class BatchInferencePool:
         self._slots: list[Slot] = []
         self._run: Run | None = None
         self._closed = False
-        log.info("%s", self.plan)
+        log.info(prefixed("%s"), self.plan)
 
     def __enter__(self) -> BatchInferencePool:
         self.start()

@@ -142,10 +142,10 @@ def install_dataloader_transform(trainer: pl.Trainer, transform: DataLoaderTrans
         current.transform = transform
         return
     if lightning.__version__ not in CHECKED_LIGHTNING_VERSIONS:
-        from lightning.pytorch.utilities import rank_zero_warn
+        from lightning_maxtp._log import rank_zero_warn
 
         rank_zero_warn(
-            f"lightning_maxtp rebuilds DataLoaders with private Lightning helpers checked on "
+            f"DataLoaders are rebuilt with private Lightning helpers checked on "
             f"Lightning {', '.join(CHECKED_LIGHTNING_VERSIONS)}; found {lightning.__version__}."
         )
     strategy.process_dataloader = _ProcessDataloaderHook(strategy, current, transform)  # type: ignore[method-assign]

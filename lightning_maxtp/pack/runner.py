@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from lightning_maxtp._log import prefixed
 from lightning_maxtp.pack import proc
 from lightning_maxtp.pack.placement import Demand, Placement, Step, assign
 from lightning_maxtp.pack.plan import PackPlan, plan_pack
@@ -247,7 +248,7 @@ class _Run:
         self.running.clear()
 
     def _event(self, text: str) -> None:
-        log.info("%s", text)
+        log.info(prefixed("pack: %s"), text)
         if self.progress is not None:
             clear = "\r\x1b[K" if self.status_line and self.progress.isatty() else ""
             self.progress.write(f"{clear}[maxtp pack] {text}\n")

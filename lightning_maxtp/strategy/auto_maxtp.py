@@ -50,7 +50,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_maxtp._log import rank_zero_info, rank_zero_warn
+from lightning_maxtp._log import prefixed, rank_zero_info, rank_zero_warn
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, inspect_resources
 from lightning_maxtp.strategy.build import build_strategy, devices_flag
 from lightning_maxtp.strategy.devices import Devices
@@ -290,7 +290,7 @@ def _inherited_plan() -> dict[str, Any] | None:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
-        log.warning("ignoring %s: not JSON", PLAN_ENV)
+        log.warning(prefixed("ignoring %s: not JSON"), PLAN_ENV)
         return None
     if not isinstance(data, dict) or data.get("pid") not in (os.getpid(), os.getppid()):
         return None
