@@ -8,7 +8,8 @@ after) and why it stopped. The callback changes only loader knobs, so the gap to
 bf16 + batch 256 is the report's opt-in recommendations. Without a GPU (or with ``--smoke``)
 the plumbing runs on the CPU with tiny sizes and the GPU items are reported as skipped.
 
-Usage: ``PYTHONPATH=. python benchmarks/gpu_check_callback.py [--smoke] [--out FILE]``
+Usage: ``PYTHONPATH=. python benchmarks/gpu_check_callback.py [--smoke | --quick] [--out FILE]``
+(``--quick``: 1,024 images, 20 timed steps, workers 0/8/15, the run inside ``gpu_check_all``.)
 """
 
 from __future__ import annotations
@@ -27,12 +28,21 @@ GPU_ARGS = [
     "--window", "12", "--max-trials", "4", "--loader-budget", "15", "--rounds", "1",
     "--sweep-workers", "0,4,8,15", "--read-latency-ms", "0",
 ]  # fmt: skip
+QUICK_ARGS = [
+    "--device", "cuda", "--model", "resnet50", "--images", "1024", "--image-size", "288",
+    "--crop", "224", "--steps", "20", "--warmup", "100", "--warmup-callback", "100",
+    "--window", "12", "--max-trials", "4", "--loader-budget", "10", "--rounds", "1",
+    "--sweep-workers", "0,8,15", "--read-latency-ms", "0",
+]  # fmt: skip
+"""The GPU run inside ``gpu_check_all`` (its 8-minute slot): 1,024 images, 20 timed steps, a
+3-point sweep."""
 
 
 def main() -> int:
     """Run the check; print the table, the loop's story, and one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a shorter GPU run (gpu_check_all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     import torch
@@ -40,7 +50,7 @@ def main() -> int:
     from benchmarks.callback_jpeg import main as bench
 
     gpu = torch.cuda.is_available() and not args.smoke
-    argv = GPU_ARGS if gpu else ["--smoke"]
+    argv = (QUICK_ARGS if args.quick else GPU_ARGS) if gpu else ["--smoke"]
     result = bench([*argv, *(["--out", str(args.out)] if args.out else [])],
                    name="gpu_check_callback")  # fmt: skip
     summary = {

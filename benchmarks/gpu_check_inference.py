@@ -78,7 +78,7 @@ def decode_rate(paths: list[str], crop: int) -> float:
     return len(sample) / (time.perf_counter() - start)
 
 
-def main() -> None:
+def main() -> int:
     """Run the check; print the table and one JSON line."""
     from benchmarks.runner import Config, format_table, run_ab
     from lightning_maxtp.inference import BatchInferencePool
@@ -178,11 +178,14 @@ def main() -> None:
     for row in checks:
         status = {True: "ok", False: "FAIL", None: "skipped"}[row["ok"]]
         print(f"{status:8} {row['check']}: {row['detail']}")
-    line = json.dumps({**result.to_dict(), "gap": gap, "checks": checks, "smoke": smoke})
+    failed = [row["check"] for row in checks if row["ok"] is False]
+    line = json.dumps({**result.to_dict(), "gap": gap, "checks": checks, "failed": failed,
+                       "smoke": smoke})  # fmt: skip
     if args.out is not None:
         args.out.write_text(line + "\n")
     print(line, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

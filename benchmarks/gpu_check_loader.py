@@ -14,7 +14,8 @@ normalize; ResNet-50, bf16, channels_last, batch 256), in a few minutes on one H
 Prints a table, then one JSON line. ``--smoke`` (or no GPU) runs tiny sizes on the CPU with the
 GPU items reported as skipped, so the script itself is tested on a CPU.
 
-Usage: ``PYTHONPATH=. python benchmarks/gpu_check_loader.py [--smoke] [--out FILE]``
+Usage: ``PYTHONPATH=. python benchmarks/gpu_check_loader.py [--smoke | --quick] [--out FILE]``
+(``--quick``: 1,024 images and one round, the run inside ``gpu_check_all``.)
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from lightning_maxtp.resources import inspect_resources  # noqa: E402
 
 FULL = {"images": 2048, "image_size": 288, "crop": 224, "batch": 256, "model": "resnet50",
         "warmup": 5, "steps": 30, "rounds": 2, "budget": 15.0}  # fmt: skip
+QUICK = {**FULL, "images": 1024, "steps": 20, "rounds": 1, "budget": 10.0}
+"""The GPU run inside ``gpu_check_all`` (its 8-minute slot): half the images, one round."""
 SMOKE = {"images": 64, "image_size": 48, "crop": 32, "batch": 16, "model": "resnet18",
          "warmup": 1, "steps": 2, "rounds": 1, "budget": 3.0}  # fmt: skip
 
@@ -55,13 +58,14 @@ SMOKE = {"images": 64, "image_size": 48, "crop": 32, "batch": 16, "model": "resn
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
+    parser.add_argument("--quick", action="store_true", help="a shorter GPU run (gpu_check_all)")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/maxtp_gpu_check_loader"))
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*(does not have many workers|LeafSpec)")
     gpu = torch.cuda.is_available() and not args.smoke
-    size = FULL if gpu else SMOKE
+    size = (QUICK if args.quick else FULL) if gpu else SMOKE
     device = torch.device("cuda" if gpu else "cpu")
     rows: list[dict[str, Any]] = []
     res = inspect_resources()

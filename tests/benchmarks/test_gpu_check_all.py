@@ -1,0 +1,125 @@
+"""``benchmarks/gpu_check_all.py``: every GPU check script's smoke mode in one run, and how a
+script that fails, crashes, hangs or does not fit in the time left is reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check_all
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def check_names() -> list[str]:
+    return sorted(
+        p.stem.removeprefix("gpu_check_")
+        for p in (ROOT / "benchmarks").glob("gpu_check_*.py")
+        if p.stem != "gpu_check_all"
+    )
+
+
+def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check_all.py", "--smoke", "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=170, check=False, env=ENV, cwd=ROOT,
+    )  # fmt: skip
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["check"] == "gpu_check_all" and data["smoke"] is True
+    names = [s["name"] for s in data["scripts"]]
+    assert sorted(names) == check_names() and len(names) == len(set(names))
+    assert names[0] == "inspect"
+    statuses = {s["name"]: (s["status"], s["detail"]) for s in data["scripts"]}
+    assert all(status == "ok" for status, _ in statuses.values()), statuses
+    assert data["failed"] == [] and proc.returncode == 0, proc.stderr[-2000:]
+    assert all(s["exit_code"] == 0 and s["result"] is not None for s in data["scripts"])
+    assert data["machine"]["cpus"] >= 1 and data["machine"]["device"]
+    kept = sorted(p.name for p in tmp_path.glob("*.txt"))
+    assert kept == sorted(f"gpu_check_{name}.txt" for name in names)
+
+
+SCRIPTS = {
+    "gpu_check_a_ok.py": """
+        import json
+        print("check  result")
+        print(json.dumps({"check": "a", "failed": [], "rows": [{"check": "x", "ok": True}]}))
+    """,
+    "gpu_check_b_fails.py": """
+        import json, sys
+        print(json.dumps({"check": "b", "failed": ["y"], "rows": [{"check": "y", "ok": False}]}))
+        sys.exit(1)
+    """,
+    "gpu_check_c_no_json.py": """
+        print("a table, then no JSON line")
+        raise RuntimeError("boom")
+    """,
+    "gpu_check_d_hangs.py": """
+        import time
+        print("started", flush=True)
+        time.sleep(60)
+    """,
+    "gpu_check_e_late.py": """
+        print("{}")
+    """,
+}
+
+
+def test_failed_crashed_timeout_and_out_of_time_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name, body in SCRIPTS.items():
+        (scripts / name).write_text(textwrap.dedent(body))
+    (scripts / "gpu_check_all.py").write_text("raise SystemExit('the runner must skip itself')")
+    machine = {"device": "cpu", "gpus": [], "cpus": 1}
+    monkeypatch.setattr(gpu_check_all, "describe_machine", lambda: machine)  # no torch import
+    # 3 s each; 5 s for the scripts: the hanging one starts, then nothing fits any more.
+    deadline = gpu_check_all.MACHINE_S + 5
+    code = gpu_check_all.main([
+        "--scripts-dir", str(scripts), "--budget-s", "3", "--deadline-s", str(deadline),
+        "--results-dir", str(tmp_path / "out"), "--out", str(tmp_path / "all.json"),
+    ])  # fmt: skip
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    data = json.loads(line)
+    assert (tmp_path / "all.json").read_text().strip() == line
+    by_name = {s["name"]: s for s in data["scripts"]}
+    assert list(by_name) == ["a_ok", "b_fails", "c_no_json", "d_hangs", "e_late"]
+    assert {n: s["status"] for n, s in by_name.items()} == {
+        "a_ok": "ok", "b_fails": "failed", "c_no_json": "crashed", "d_hangs": "timeout",
+        "e_late": "not run",
+    }  # fmt: skip
+    assert by_name["a_ok"]["result"]["check"] == "a" and by_name["a_ok"]["failed_checks"] == []
+    assert by_name["b_fails"]["exit_code"] == 1 and by_name["b_fails"]["failed_checks"] == ["y"]
+    crashed = by_name["c_no_json"]
+    assert crashed["result"] is None and "RuntimeError: boom" in crashed["detail"]
+    assert by_name["d_hangs"]["exit_code"] != 0 and 3 <= by_name["d_hangs"]["seconds"] < 10
+    assert "out of time" in by_name["e_late"]["detail"] and by_name["e_late"]["exit_code"] is None
+    assert data["failed"] == ["b_fails", "c_no_json", "d_hangs", "e_late"] and code == 1
+    assert data["smoke"] is False and data["machine"] == machine
+    kept = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert kept == [f"{n[:-3]}.txt" for n in sorted(SCRIPTS) if "late" not in n]
+    assert "started" in (tmp_path / "out" / "gpu_check_d_hangs.txt").read_text()
+
+
+def test_failed_check_names_from_each_json_shape() -> None:
+    assert gpu_check_all.failed_checks({"failed": ["a"], "rows": []}) == ["a"]
+    # gpu_check_diagnosis: rows named by case, no failed list
+    rows = [{"case": "vram", "ok": False}, {"case": "cpu", "ok": None}]
+    assert gpu_check_all.failed_checks({"rows": rows}) == ["vram"]
+    # gpu_check_inference: a checks list, no failed list; its exit code is always 0
+    checks = [{"check": "pool >= expert loop", "ok": False}]
+    assert gpu_check_all.classify(0, False, {"checks": checks}) == (
+        "failed", ["pool >= expert loop"]
+    )  # fmt: skip
+    assert gpu_check_all.classify(0, False, {"medians": {}}) == ("ok", [])
+    assert gpu_check_all.classify(0, False, None) == ("crashed", None)
+    assert gpu_check_all.last_json("table\n{not json}\n") is None
+    assert gpu_check_all.last_json('{"a": 1}\n\n') == {"a": 1}
