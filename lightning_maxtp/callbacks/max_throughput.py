@@ -265,7 +265,7 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.tuner.loop.end()
+        self.tuner.end()
         self.monitor.on_train_end(trainer, pl_module)
         self._report = self.tuner.extend(self.monitor.report)
         if trainer.is_global_zero:

@@ -7,7 +7,7 @@ and the loader's current settings and returns ONE auto-applicable change, or ``N
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
@@ -15,7 +15,9 @@ from lightning_maxtp.observe.diagnosis import Diagnosis
 __all__ = [
     "KnobTrial",
     "TuningSummary",
+    "Verdict",
     "fmt_settings",
+    "judge",
     "next_change",
     "remaining",
     "robust_rate",
@@ -25,9 +27,18 @@ __all__ = [
 _NEED_WORKERS = ("prefetch_factor", "persistent_workers")
 
 
+Verdict = Literal["kept", "reverted", "undecided", "unfinished"]
+"""How a trial ended: ``undecided`` when it looked faster but no more than the noise (the
+original settings stay), ``unfinished`` when the fit ended before it could be judged."""
+_VERDICT_TEXT = {
+    "undecided": "undecided: kept the original",
+    "unfinished": "unfinished: the fit ended first",
+}
+
+
 @dataclass(frozen=True)
 class KnobTrial:
-    """One knob change tried on the running job: measured before and after, kept or reverted."""
+    """One knob change tried on the running job: measured against the reference, judged."""
 
     knob: str
     """A loader knob, or ``"loader plan"`` for the settings ``tune_dataloader`` chose."""
@@ -35,18 +46,26 @@ class KnobTrial:
     new: Any
     reason: str
     before_samples_per_s: float
-    after_samples_per_s: float
+    """The reference settings' rate: the mean of their windows in this trial."""
+    after_samples_per_s: float | None
+    """The trial settings' rate: the mean of their windows (``None``: none was measured)."""
     kept: bool
     first_step: int
     """Training step at which the change was requested."""
     steps: int
-    """Steps measured after the change (the same number as before it)."""
+    """Steps measured with the trial settings."""
+    verdict: Verdict = "kept"
+    noise: float | None = None
+    """How much two windows of the same settings differed (0.1: 10 %), once re-measured."""
+    windows: int = 2
+    """Windows the judgement read: reference and trial, then each re-measured when it looked
+    like a gain (4)."""
 
     @property
     def gain(self) -> float:
         """Relative throughput change (0.25: 25 % faster)."""
-        before = self.before_samples_per_s
-        return self.after_samples_per_s / before - 1 if before > 0 else 0.0
+        before, after = self.before_samples_per_s, self.after_samples_per_s
+        return after / before - 1 if before > 0 and after is not None else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -59,16 +78,60 @@ class KnobTrial:
             "after_samples_per_s": self.after_samples_per_s,
             "gain": self.gain,
             "kept": self.kept,
+            "verdict": self.verdict,
+            "noise": self.noise,
+            "windows": self.windows,
             "first_step": self.first_step,
             "steps": self.steps,
         }
 
     def __str__(self) -> str:
-        verdict = "kept" if self.kept else "reverted"
+        noise = "" if self.noise is None else f", noise {self.noise:.0%}"
+        verdict = _VERDICT_TEXT.get(self.verdict, self.verdict)
+        if self.after_samples_per_s is None:
+            return f"{self.knob}: {self.old} -> {self.new}: not measured, {verdict}"
         return (
             f"{self.knob}: {self.old} -> {self.new}: {self.before_samples_per_s:.1f} -> "
-            f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}), {verdict}"
+            f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}{noise}), {verdict}"
         )
+
+
+NOISE_FACTOR = 2.0
+"""A kept gain exceeds this many times the noise: the difference of two windows of the same
+settings, taken from just two pairs, is itself a rough estimate of how much a window varies."""
+
+
+def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
+    """What to do after a trial's windows: measure again, or the verdict, and the noise.
+
+    ``rates`` alternate reference and trial settings, the reference first (``R1, T1``, then
+    ``R1, T1, R2`` and ``R1, T1, R2, T2``). One window against one window is not evidence on a
+    shared machine (a stall or another job's burst moves a window by tens of percent), so a
+    trial that looks like a gain is re-measured: the reference again (``R2``, which also
+    brackets ``T1`` against drift), then the trial again (``T2``, ending on the trial settings,
+    so keeping costs no further switch). It is kept only when the trial's mean beats the
+    reference's mean by ``min_gain`` and by more than ``NOISE_FACTOR`` times the noise (how much
+    two windows of the same settings differed), and both trial windows beat both reference
+    windows. A trial that does not even look like a gain is reverted at once.
+
+    Returns:
+        ``("old", None)`` or ``("new", None)``: measure the next window with those settings;
+        else ``(verdict, noise)`` with the verdict ``kept``, ``reverted`` or ``undecided``.
+    """
+    if len(rates) == 2:
+        r1, t1 = rates
+        return ("old", None) if r1 > 0 and t1 >= r1 * (1 + min_gain) else ("reverted", None)
+    if len(rates) == 3:
+        return "new", None
+    r1, t1, r2, t2 = rates[:4]
+    ref, trial = (r1 + r2) / 2, (t1 + t2) / 2
+    noise = max(abs(r1 - r2) / ref, abs(t1 - t2) / trial) if ref > 0 and trial > 0 else 1.0
+    gain = trial / ref - 1 if ref > 0 else 0.0
+    if gain < min_gain:
+        return "reverted", noise
+    if gain > NOISE_FACTOR * noise and min(t1, t2) > max(r1, r2):
+        return "kept", noise
+    return "undecided", noise
 
 
 @dataclass(frozen=True)

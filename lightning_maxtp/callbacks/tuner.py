@@ -74,6 +74,9 @@ class Tuner:
         self.knob_changes: list[KnobChange] = []
         self.notes: list[str] = []
         self._drifted = False
+        # The knob and the settings it replaced, of the trial under way (or the last one).
+        self._last_knob = ""
+        self._last_old: dict[str, Any] = {}
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -110,17 +113,19 @@ class Tuner:
             self.monitor.restart_window()
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
-        """A baseline or trial window closed: judge it, then start the next trial or stop."""
+        """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
         loop = self.loop
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
             self.say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
                      f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
         else:
-            kept = loop.pays(window) if trainer.is_global_zero else None
+            verdict = loop.judge(window) if trainer.is_global_zero else None
             if trainer.world_size > 1:
-                kept = trainer.strategy.broadcast(kept, src=0)
-            self._finish_trial(window, bool(kept), found)
+                verdict = trainer.strategy.broadcast(verdict, src=0)
+            assert verdict is not None
+            if self._continue_trial(verdict, window, found):
+                return
         decision = self._decide() if trainer.is_global_zero else None
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
@@ -128,6 +133,12 @@ class Tuner:
             self._stop(decision or "no loader")
         else:
             self._start_trial(trainer, *decision)
+
+    def end(self) -> None:
+        """The fit ended: a trial under way is recorded as unfinished and its settings undone."""
+        trial = self.loop.end()
+        if trial is not None:
+            self._finish_trial(trial)
 
     def watch_drift(self, window: Window) -> None:
         """After tuning: note (once) a window much slower than the tuned rate."""
@@ -192,6 +203,7 @@ class Tuner:
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
         assert self.loader is not None
         old = {k: self.loader.settings()[k] for k in new}
+        self._last_knob, self._last_old = knob, old
         self.loader.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.monitor.clock.update_context(**self.loader.settings())
@@ -201,15 +213,38 @@ class Tuner:
         if self.loop.measuring:  # settle_steps=0: the trial window starts now
             self.monitor.restart_window()
 
-    def _finish_trial(self, window: Window, kept: bool, found: tuple[Any, ...]) -> None:
+    def _continue_trial(self, verdict: str, window: Window, found: tuple[Any, ...]) -> bool:
+        """Act on a trial window's verdict; ``True`` while the trial goes on (re-measuring)."""
         assert self.loader is not None and self.loop.pending is not None
         old, new = self.loop.pending
-        trial = self.loop.finish(window, kept, found)
+        trial = self.loop.advance(verdict, window, found)
+        if trial is None:  # looked like a gain: re-measure the reference, then the trial
+            target, what = (old, "the reference") if verdict == "old" else (new, "the trial")
+            current = {k: self.loader.settings()[k] for k in target}
+            self.loader.request(**target)
+            self.monitor.clock.update_context(**self.loader.settings())
+            self._record_change(self._last_knob, current, target, f"re-measuring {what}")
+            self.say(f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}")
+            if self.loop.measuring:  # settle_steps=0
+                self.monitor.restart_window()
+            return True
+        self._finish_trial(trial)
+        return False
+
+    def _finish_trial(self, trial: KnobTrial) -> None:
+        assert self.loader is not None
         self.say(str(trial))
-        if not kept:
-            self.loader.request(**old)
-            reason = f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}"
-            self._record_change(trial.knob, new, old, reason)
+        old = self._last_old
+        if not trial.kept:
+            current = {k: self.loader.settings()[k] for k in old}
+            if current != old:
+                self.loader.request(**old)
+            reason = {"reverted": f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}",
+                      "undecided": f"undecided: {trial.gain:+.1%} within 2x the noise "
+                                   f"({trial.noise or 0:.0%}), the original kept",
+                      "unfinished": "unfinished: the fit ended before the trial was judged"}[
+                trial.verdict]  # fmt: skip
+            self._record_change(trial.knob, current, old, reason)
         self.monitor.clock.update_context(**self.loader.settings())
 
     def _stop(self, reason: str) -> None:

@@ -1,25 +1,31 @@
 """The closed loop's state machine, without Lightning: when to measure, what to try, what to keep.
 
-``MaxThroughputCallback`` feeds it step counts and measured windows and carries out what it
-decides (switching the loader, broadcasting under DDP, logging). Phases::
+``MaxThroughputCallback``'s ``Tuner`` feeds it step counts and measured windows and carries out
+what it decides (switching the loader, broadcasting under DDP, logging). Phases::
 
-    warmup -> baseline -> (settle -> trial)* -> monitor
+    warmup -> baseline -> (settle -> trial [-> settle -> trial (reference again)
+                                             -> settle -> trial (trial again)])* -> monitor
 
-A trial is judged against the reference window: the baseline, or the last kept trial. After a
-revert the next decision reads the reference window's diagnoses, not the reverted trial's, so
-the stop reason and the knobs offered next describe the settings actually in force.
+A trial is judged against the reference window (the baseline, or the last kept trial) by
+``trials.judge``: one that looks like a gain is re-measured, reference and trial in turn,
+before it is kept. After a revert the next decision reads a reference window's diagnoses, not
+the reverted trial's, so the stop reason and the knobs offered next describe the settings
+actually in force.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
     TuningSummary,
+    Verdict,
     fmt_settings,
+    judge,
     next_change,
     robust_rate,
 )
@@ -38,6 +44,20 @@ Change = tuple[str, dict[str, Any], str]
 def window_rate(window: Window) -> float:
     """Samples/s of a window with stalls capped (see ``robust_rate``)."""
     return robust_rate(window.step_time_s, window.samples)
+
+
+@dataclass
+class _Trial:
+    """The trial under way: the change, and its windows so far (the reference first)."""
+
+    knob: str
+    old: dict[str, Any]
+    new: dict[str, Any]
+    why: str
+    step: int
+    windows: list[tuple[Window, tuple[Diagnosis, ...]]] = field(default_factory=list)
+    measuring: str = "new"
+    """Which settings the window being measured runs with: ``"new"`` or ``"old"``."""
 
 
 class TuningLoop:
@@ -74,7 +94,7 @@ class TuningLoop:
         self.baseline: float | None = None
         self.stop_reason = "the fit ended before tuning finished"
         self._settle_left = 0
-        self._trial: tuple[str, dict[str, Any], dict[str, Any], str, int] | None = None
+        self._trial: _Trial | None = None
         self._t_start: float | None = None
         self._tuning_s: float | None = None
         self._tuning_steps: int | None = None
@@ -112,17 +132,15 @@ class TuningLoop:
         """The baseline window becomes the reference."""
         self.ref, self.ref_found, self.baseline = window, found, window_rate(window)
 
-    def pays(self, window: Window) -> bool:
-        """Whether the trial window beat the reference by ``min_gain``."""
-        assert self.ref is not None
-        before = window_rate(self.ref)
-        return before > 0 and window_rate(window) >= before * (1 + self.min_gain)
-
     def start(
         self, knob: str, old: dict[str, Any], new: dict[str, Any], why: str, step: int
     ) -> None:
         """A trial of ``new`` (replacing ``old``) begins at training step ``step``."""
-        self._trial = (knob, old, new, why, step)
+        assert self.ref is not None
+        self._trial = _Trial(knob, old, new, why, step, [(self.ref, self.ref_found)])
+        self._settle()
+
+    def _settle(self) -> None:
         self._settle_left, self.phase = self.settle_steps, "settle"
         if self.settle_steps == 0:
             self.phase = "trial"
@@ -130,21 +148,61 @@ class TuningLoop:
     @property
     def pending(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """``(old, new)`` settings of the trial under way."""
-        return None if self._trial is None else (self._trial[1], self._trial[2])
+        return None if self._trial is None else (self._trial.old, self._trial.new)
 
-    def finish(self, window: Window, kept: bool, found: tuple[Diagnosis, ...]) -> KnobTrial:
+    def judge(self, window: Window) -> str:
+        """Rank zero: what this trial window decides (see ``trials.judge``).
+
+        Returns:
+            ``"old"``/``"new"`` (measure again with those settings) or the verdict ``"kept"``,
+            ``"reverted"`` or ``"undecided"``.
+        """
+        assert self._trial is not None
+        rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
+        return judge(rates, self.min_gain)[0]
+
+    def advance(
+        self, decision: str, window: Window, found: tuple[Diagnosis, ...]
+    ) -> KnobTrial | None:
+        """Record a trial window and act on ``decision`` (rank zero's, broadcast under DDP).
+
+        Returns:
+            The judged trial, or ``None`` when another window is to be measured: then the
+            loader must switch to ``pending``'s ``decision`` settings (``"old"`` or ``"new"``).
+        """
+        assert self._trial is not None
+        self._trial.windows.append((window, found))
+        if decision in ("old", "new"):
+            self._trial.measuring = decision
+            self._settle()
+            return None
+        assert decision in ("kept", "reverted", "undecided"), decision
+        return self._finish(decision)  # type: ignore[arg-type]
+
+    def _finish(self, verdict: Verdict) -> KnobTrial:
         """Judge the trial: a kept one becomes the reference, a reverted one is never retried."""
-        assert self._trial is not None and self.ref is not None
-        knob, old, new, why, step = self._trial
-        shown_old = old[knob] if knob in old else fmt_settings(old)
-        shown_new = new[knob] if knob in new else fmt_settings(new)
-        before, after = window_rate(self.ref), window_rate(window)
-        trial = KnobTrial(knob, shown_old, shown_new, why, before, after, kept, step, window.steps)
+        assert self._trial is not None
+        t = self._trial
+        shown_old = t.old[t.knob] if t.knob in t.old else fmt_settings(t.old)
+        shown_new = t.new[t.knob] if t.knob in t.new else fmt_settings(t.new)
+        olds, news = t.windows[0::2], t.windows[1::2]
+        rates = [window_rate(w) for w, _ in t.windows]
+        before = sum(rates[0::2]) / len(olds)
+        after = sum(rates[1::2]) / len(news) if news else None
+        noise = judge(rates, self.min_gain)[1] if len(rates) >= 4 else None
+        kept = verdict == "kept"
+        steps = sum(w.steps for w, _ in news)
+        trial = KnobTrial(
+            t.knob, shown_old, shown_new, t.why, before_samples_per_s=before,
+            after_samples_per_s=after, kept=kept, first_step=t.step, steps=steps,
+            verdict=verdict, noise=noise, windows=len(rates),
+        )  # fmt: skip
         self.trials.append(trial)
         if kept:
-            self.ref, self.ref_found = window, found
+            self.ref, self.ref_found = news[-1]
         else:
-            self.tried |= {(k, repr(v)) for k, v in new.items()}
+            self.ref, self.ref_found = olds[-1]
+            self.tried |= {(k, repr(v)) for k, v in t.new.items()}
         self._trial = None
         return trial
 
@@ -196,9 +254,19 @@ class TuningLoop:
             self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
             self._tuning_steps = max(0, self.steps - self.warmup_steps)
 
-    def end(self) -> None:
-        """The fit ended (tuning time and steps are fixed even if tuning did not finish)."""
+    def end(self) -> KnobTrial | None:
+        """The fit ended: tuning time and steps are fixed even if tuning did not finish.
+
+        Returns:
+            A trial the fit ended in the middle of, recorded as ``unfinished`` (not kept; the
+            caller puts its old settings back), or ``None``.
+        """
+        unfinished = None
+        if self._trial is not None:
+            unfinished = self._finish("unfinished")
+            self.stop_reason = "the fit ended during a trial"
         self._close()
+        return unfinished
 
     def summary(self, settings: dict[str, Any], notes: tuple[str, ...]) -> TuningSummary:
         """What the loop did so far."""

@@ -7,10 +7,12 @@ cannot pay there and the loop must revert them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,21 +81,27 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
     assert tuned == plain, "tuning steps are real steps: same samples, same order"
     assert sorted(tuned) == list(range(480))
     (trial,) = callback.trials
-    assert (trial.knob, trial.old, trial.kept) == ("num_workers", 0, True)
-    assert trial.new >= 1 and trial.gain >= 0.05
+    assert (trial.knob, trial.old, trial.verdict, trial.kept) == ("num_workers", 0, "kept", True)
+    assert trial.new >= 1 and trial.gain >= 0.05 and trial.windows == 4
+    assert trial.noise is not None and trial.gain > 2 * trial.noise
     assert trial.after_samples_per_s > trial.before_samples_per_s > 0
     assert callback.loader is not None and callback.loader.num_workers == trial.new
     summary = callback.tuning
     assert summary.stop_reason == "max_trials=1 reached" and summary.finished
     assert summary.speedup is not None and summary.speedup >= 1.05
-    assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= 2 * 8
+    assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= 4 * 8
 
     report = callback.report
     changes = report.to_dict()["knob_changes"]
+    new = f"num_workers={trial.new}"
     assert [(c["knob"], c["old"], c["new"]) for c in changes] == [
-        ("num_workers", "num_workers=0", f"num_workers={trial.new}")
+        ("num_workers", "num_workers=0", new),  # the trial
+        ("num_workers", new, "num_workers=0"),  # the reference measured again
+        ("num_workers", "num_workers=0", new),  # the trial measured again, then kept
     ]
-    assert changes[0]["reason"].startswith("trying: ")
+    assert [c["reason"].split(":")[0] for c in changes] == [
+        "trying", "re-measuring the reference", "re-measuring the trial",
+    ]  # fmt: skip
     assert any("no sample skipped or repeated" in n for n in report.notes)
     assert any(n.startswith("num_workers: 0 -> ") and n.endswith("kept") for n in report.notes)
     written = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -101,31 +109,59 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
     assert "## Knob changes" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_knob_that_does_not_pay_is_reverted_with_datamodule_val_and_accumulation() -> None:
-    # One read at a time (limit=1): a second worker cannot load faster than the first.
-    callback = _callback(max_trials=1, min_gain=0.25)
+@contextlib.contextmanager
+def _cpu_hog() -> Iterator[None]:
+    """Another process spinning on a core, as other jobs do on a shared machine."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_knob_without_effect_is_never_kept_on_a_loaded_machine(attempt: int) -> None:
+    # One read at a time (limit=1): neither a second worker nor a deeper queue loads faster, so
+    # any gain a window shows is noise (here: another process taking a core). Which of the two
+    # knobs the diagnosis offers first depends on the load; neither may be kept.
+    callback = _callback(max_trials=1, min_gain=0.1)
     model = IdModel()
     trainer = _trainer(
-        [callback], max_steps=30, accumulate_grad_batches=2, val_check_interval=40,
+        [callback], max_steps=60, accumulate_grad_batches=2, val_check_interval=40,
         limit_val_batches=2,
     )  # fmt: skip
-    trainer.fit(model, datamodule=SleepData(limit=1, workers=1))
+    with _cpu_hog():
+        trainer.fit(model, datamodule=SleepData(limit=1, workers=1))
 
     assert model.val_batches >= 2 + 2  # sanity check, then validation inside the epoch
     (trial,) = callback.trials
-    assert (trial.knob, trial.old, trial.kept) == ("num_workers", 1, False)
-    assert trial.new > 1 and trial.after_samples_per_s < 1.25 * trial.before_samples_per_s
+    assert trial.knob in ("num_workers", "prefetch_factor") and not trial.kept, str(trial)
+    assert trial.verdict in ("reverted", "undecided") and trial.new > trial.old
     assert callback.loader is not None
     assert callback.loader.settings() == {
         "num_workers": 1, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False,
     }  # fmt: skip
-    reasons = [c.reason for c in callback.report.knob_changes]
-    assert [r.split(":")[0] for r in reasons] == ["trying", "reverted"]
+    reasons = [c.reason.split(":")[0] for c in callback.report.knob_changes]
+    assert reasons[0] == "trying" and reasons[-1] in ("reverted", "undecided")
     tuning = callback.tuning
-    assert tuning.tuned_samples_per_s == tuning.baseline_samples_per_s
+    assert tuning.tuned_samples_per_s is not None and trial.windows in (2, 4)
     # Reverted knobs are not offered again as "next" in the report.
     left = [(r.knob, r.proposed) for d in callback.report.diagnoses for r in d.recommendations]
     assert (trial.knob, trial.new) not in left
+
+
+def test_a_fit_that_ends_during_a_trial_reports_it_unfinished_and_undoes_it() -> None:
+    callback = _callback(max_trials=1, settle_steps=0)
+    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
+    _trainer([callback], max_steps=2 + 8 + 4).fit(IdModel(), loader)  # the trial window: 4 steps
+
+    (trial,) = callback.trials
+    assert (trial.verdict, trial.kept) == ("unfinished", False)
+    assert str(trial).endswith("not measured, unfinished: the fit ended first")
+    assert callback.tuning.stop_reason == "the fit ended during a trial"
+    assert callback.loader is not None and callback.loader.settings()["num_workers"] == 0
+    assert callback.report.knob_changes[-1].reason.startswith("unfinished")
 
 
 def test_switching_mid_epoch_keeps_every_index_once_in_order() -> None:
