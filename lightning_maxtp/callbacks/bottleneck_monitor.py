@@ -21,11 +21,13 @@ from typing_extensions import override
 
 from lightning_maxtp._log import prefixed, rank_zero_info
 from lightning_maxtp.callbacks.metrics import window_metrics
-from lightning_maxtp.callbacks.step_clock import RankSpread, StepClock
+from lightning_maxtp.callbacks.ranks import RankSpread
+from lightning_maxtp.callbacks.step_clock import StepClock
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe.capture import CAPTURE_MODES, CaptureMode, KernelCapture
 from lightning_maxtp.observe.diagnosis import Diagnosis, diagnose, needs_capture
 from lightning_maxtp.observe.report import ThroughputReport
+from lightning_maxtp.observe.thresholds import MIN_STEPS
 from lightning_maxtp.observe.window import CaptureSummary, Window
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ class BottleneckMonitor(Callback):
         self._capture: KernelCapture | None = None
         self._capture_armed = False
         self._report: ThroughputReport | None = None
+        self._fit_first_window = 0
 
     # -- what the clock measured ------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class BottleneckMonitor(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit_first_window = self.clock.closed
         self.clock.on_train_start(trainer, pl_module)
 
     @override
@@ -212,6 +216,8 @@ class BottleneckMonitor(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._capture is not None and self._capture.active:
             self._finish_capture()
+        if self.clock.closed == self._fit_first_window:  # a fit shorter than one window
+            self.clock.close_window(trainer, min_steps=MIN_STEPS)
         self.clock.on_train_end(trainer, pl_module)
         self._report = self.build_report()
         if trainer.is_global_zero:

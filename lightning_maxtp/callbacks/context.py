@@ -39,6 +39,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
         resources: A ``Resources`` from ``inspect_resources``; probed here when None.
     """
     import torch
+    from torch.utils.data import IterableDataset
 
     device = trainer.strategy.root_device
     ctx: dict[str, Any] = {
@@ -56,6 +57,8 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             "prefetch_factor": loader.prefetch_factor,
             "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers,
+            "dataset": type(loader.dataset).__name__,
+            "iterable_dataset": isinstance(loader.dataset, IterableDataset),
         }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

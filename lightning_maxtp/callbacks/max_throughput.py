@@ -29,7 +29,7 @@ from lightning_maxtp.callbacks.tuning_loop import window_rate
 from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.observe.capture import CaptureMode
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
-from lightning_maxtp.observe.thresholds import MIN_GAIN
+from lightning_maxtp.observe.thresholds import MIN_GAIN, MIN_STEPS
 from lightning_maxtp.observe.window import Window
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class MaxThroughputCallback(Callback):
         self.batch_plan: Any = None
         self.tuner = Tuner(self.config, self.monitor, None, verbose=verbose)
         self._report: ThroughputReport | None = None
+        self._closing = False
 
     @property
     def loader(self) -> SwitchableLoader | None:
@@ -245,14 +246,17 @@ class MaxThroughputCallback(Callback):
         self.tuner.on_step()
 
     def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        if self.tuner.loop.measuring:  # no profiler inside a measured window
+        loop = self.tuner.loop
+        if self._closing:  # the fit's last steps, under the settings in force
+            self.tuner.monitored(window, self.monitor.record(trainer, window, may_capture=False))
+        elif loop.measuring:  # no profiler inside a measured window
             found = self.monitor.record(trainer, window, may_capture=False)
             self.tuner.measured(trainer, window, found)
             self._show_progress(trainer, window)
-            return
-        self.monitor.record(trainer, window)
-        if self.tuner.loop.finished:
-            self.tuner.watch_drift(window)
+        elif loop.finished:
+            self.tuner.monitored(window, self.monitor.record(trainer, window))
+        else:  # warm-up or settle steps: reported, never judged
+            self.monitor.record(trainer, window)
 
     def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
         """Tuning progress in the progress bar: rate of the window, trials, whether done."""
@@ -265,6 +269,12 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loop = self.tuner.loop
+        if (loop.finished and not self.tuner.final) or loop.ref is None:
+            # No window under the settings in force closed: the steps run since make one.
+            self._closing = True
+            self.monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
+            self._closing = False
         self.tuner.end()
         self.monitor.on_train_end(trainer, pl_module)
         self._report = self.tuner.extend(self.monitor.report)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis
 
 if TYPE_CHECKING:
-    from lightning_maxtp.callbacks.step_clock import RankSpread
+    from lightning_maxtp.callbacks.ranks import RankSpread
     from lightning_maxtp.observe.window import Window
 
 __all__ = ["LOGGED", "PROGRESS_BAR", "window_metrics"]

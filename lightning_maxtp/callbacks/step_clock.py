@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_maxtp.callbacks.context import job_context
+from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe.window import Window
 
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["RankSpread", "StepClock", "count_samples"]
 
 log = logging.getLogger(__name__)
-
-_SPREAD_FIELDS = ("step_time_s", "data_wait_share", "samples_per_s", "gpu_util_percent")
 
 
 def count_samples(batch: Any) -> int:
@@ -56,39 +52,6 @@ def count_samples(batch: Any) -> int:
         f"cannot count samples in a batch of {type(batch).__name__}; pass "
         "`samples_fn=lambda batch: ...` to the monitor"
     )
-
-
-@dataclass(frozen=True)
-class RankSpread:
-    """One window's summary across DDP ranks (rank zero's view)."""
-
-    first_step: int
-    per_rank: dict[str, list[float]]
-    """Metric name -> one value per rank (NaN where a rank had no reading)."""
-    straggler_rank: int
-    """The rank that waits longest for its own data (ties: the longest step); the other ranks
-    wait for it inside all-reduce."""
-
-    def stats(self, metric: str) -> dict[str, float]:
-        """Min / median / max of one metric over ranks (NaN readings left out)."""
-        values = [v for v in self.per_rank[metric] if not math.isnan(v)]
-        if not values:
-            return {"min": float("nan"), "median": float("nan"), "max": float("nan")}
-        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view with the per-metric min/median/max."""
-        data = asdict(self)
-        data["stats"] = {m: self.stats(m) for m in self.per_rank}
-        return data
-
-    def __str__(self) -> str:
-        st, dw = self.stats("step_time_s"), self.stats("data_wait_share")
-        return (
-            f"{len(self.per_rank['step_time_s'])} ranks: step {st['min'] * 1e3:.1f}/"
-            f"{st['median'] * 1e3:.1f}/{st['max'] * 1e3:.1f} ms (min/median/max), data wait "
-            f"{dw['min']:.0%}..{dw['max']:.0%}, straggler rank {self.straggler_rank}"
-        )
 
 
 class StepClock(Callback):
@@ -130,6 +93,8 @@ class StepClock(Callback):
         self.keep_windows = keep_windows
         self.listener = on_window
         self.windows: list[Window] = []
+        self.closed = 0
+        """Windows closed since the clock was made (``windows`` keeps the last ``keep_windows``)."""
         self.spreads: list[RankSpread] = []
         self.sampler: _sampler.Sampler | None = None
         self.context: Any = None
@@ -235,10 +200,11 @@ class StepClock(Callback):
             device_time_s=_ready_spans(b["events"]),
         )
         self.restart_window()
+        self.closed += 1
         self.windows.append(window)
         del self.windows[: -self.keep_windows]
         if trainer.world_size > 1:
-            spread = _gather_spread(trainer, window)
+            spread = gather_spread(trainer, window)
             if spread is not None:
                 self.spreads.append(spread)
         self.on_window(trainer, window)
@@ -247,6 +213,21 @@ class StepClock(Callback):
         """Called on every rank when a window closes: passes it to the ``on_window`` listener."""
         if self.listener is not None:
             self.listener(trainer, window)
+
+    @property
+    def open_steps(self) -> int:
+        """Steps measured in the window that has not closed yet."""
+        return len(self._buf["step"])
+
+    def close_window(self, trainer: pl.Trainer, *, min_steps: int = 1) -> Window | None:
+        """Close the open window now (a fit ending mid-window), if it has ``min_steps`` steps.
+
+        Call it on every rank (under DDP the ranks gather a summary of each window).
+        """
+        if self.open_steps < min_steps:
+            return None
+        self._close(trainer)
+        return self.windows[-1]
 
     def elapsed_s(self, now: float | None = None) -> float:
         """Seconds since the fit's clock started (the sampler's zero, when it runs)."""
@@ -320,27 +301,3 @@ def _launched_ranks(trainer: pl.Trainer) -> Callable[[], set[int]]:
         return {p.pid for p in procs if getattr(p, "pid", None) is not None}
 
     return pids
-
-
-def _gather_spread(trainer: pl.Trainer, window: Window) -> RankSpread | None:
-    import torch
-
-    util = window.sampler.mean_gpu_util
-    values = [window.median_step_s, window.data_wait_share, window.samples_per_s, util]
-    local = torch.tensor(
-        [float("nan") if v is None else v for v in values],
-        dtype=torch.float64,
-        device=trainer.strategy.root_device,
-    )
-    gathered = trainer.strategy.all_gather(local)
-    if trainer.global_rank != 0:
-        return None
-    table = gathered.reshape(trainer.world_size, len(values)).cpu().tolist()
-    per_rank = {name: [row[i] for row in table] for i, name in enumerate(_SPREAD_FIELDS)}
-    steps = per_rank["step_time_s"]
-    waits = per_rank["data_wait_share"]
-    # Synchronous DDP makes every rank's step equally long; the straggler is the rank that
-    # spends most of its step on its own work (data wait) rather than waiting in all-reduce.
-    own = [w * s for w, s in zip(waits, steps, strict=True)]
-    straggler = max(range(len(own)), key=lambda i: (own[i], steps[i]))
-    return RankSpread(window.first_step, per_rank, straggler)

@@ -20,7 +20,6 @@ __all__ = [
     "judge",
     "next_change",
     "remaining",
-    "robust_rate",
     "top_line",
 ]
 
@@ -179,8 +178,9 @@ class TuningSummary:
                  f"stopped: {self.stop_reason}"]  # fmt: skip
         if self.baseline_samples_per_s is not None and self.tuned_samples_per_s is not None:
             lines.append(
-                f"  throughput: {self.baseline_samples_per_s:.1f} -> "
-                f"{self.tuned_samples_per_s:.1f} samples/s ({self.speedup or 0:.2f}x)"
+                f"  throughput: {self.baseline_samples_per_s:.1f} samples/s (baseline window) -> "
+                f"{self.tuned_samples_per_s:.1f} under the settings in force "
+                f"({self.speedup or 0:.2f}x)"
             )
         lines += [f"  {t}" for t in self.trials]
         if self.settings:
@@ -253,22 +253,3 @@ def fmt_settings(settings: Any) -> str:
 def top_line(found: tuple[Diagnosis, ...] | list[Diagnosis]) -> str:
     """The top diagnosis in one line."""
     return f"bottleneck {found[0].kind.value}: {found[0].summary}" if found else "no diagnosis"
-
-
-SPIKE_FACTOR = 3.0
-"""A step longer than this many mean steps counts as this many in ``robust_rate``."""
-
-
-def robust_rate(step_time_s: tuple[float, ...], samples: tuple[int, ...]) -> float:
-    """Samples/s of a window with step-time stalls capped at ``SPIKE_FACTOR`` x the mean step.
-
-    On a shared machine a step can stall for seconds (another process takes the cores); such a
-    stall says nothing about the knob under test, yet it moves a 10-step mean by tens of
-    percent. The cap is relative to the mean, not the median: with several workers a loader
-    delivers in bursts (a few instant steps, then one long wait), and those waits are real.
-    """
-    if not step_time_s:
-        return 0.0
-    cap = SPIKE_FACTOR * sum(step_time_s) / len(step_time_s)
-    total = sum(min(t, cap) for t in step_time_s)
-    return sum(samples) / total if total > 0 else 0.0

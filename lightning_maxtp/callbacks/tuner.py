@@ -66,12 +66,15 @@ class Tuner:
             warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
             min_gain=config.min_gain, max_trials=config.max_trials,
             time_budget_s=config.time_budget_s, max_workers=config.max_workers,
+            window_steps=config.window_steps,
         )  # fmt: skip
         self.loader: SwitchableLoader | None = None
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
         self.knob_changes: list[KnobChange] = []
+        self.final: list[tuple[Window, tuple[Any, ...]]] = []
+        """Windows measured under the settings in force since tuning ended, with diagnoses."""
         self.notes: list[str] = []
         self._drifted = False
         # The knob and the settings it replaced, of the trial under way (or the last one).
@@ -86,8 +89,34 @@ class Tuner:
     @property
     def summary(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        settings = self.loader.settings() if self.loader is not None else {}
-        return self.loop.summary(settings, tuple(self.notes))
+        return self.loop.summary(self._settings(), tuple(self.notes), _rate(self._in_force()[0]))
+
+    def _settings(self) -> dict[str, Any]:
+        return self.loader.settings() if self.loader is not None else {}
+
+    def _in_force(
+        self, report: ThroughputReport | None = None
+    ) -> tuple[list[Window], tuple[Any, ...]]:
+        """The windows measured under the settings in force, and the diagnoses that describe them.
+
+        Those after tuning ended, the reference window they were judged by included; when tuning
+        did not end, the reference window (never a reverted or unfinished trial's); with no
+        reference at all, every window of ``report``.
+        """
+        ref = self.loop.ref
+        if self.final:
+            final, found = [w for w, _ in self.final], self.final[-1][1]
+            last = report.windows[-1] if report is not None and report.windows else None
+            if report is not None and last is not None and last.first_step == final[-1].first_step:
+                found = report.diagnoses  # the monitor's latest, re-read with a capture
+            if ref is not None and self.loop.finished:
+                final.insert(0, ref)
+            return final, found
+        if ref is not None:
+            return [ref], self.loop.ref_found
+        if report is None:
+            return [], ()
+        return list(report.windows), report.diagnoses
 
     def wrap(self, loader: object) -> object:
         """The train loader to use: the user's, wrapped so its knobs can switch mid-epoch."""
@@ -140,6 +169,12 @@ class Tuner:
         if trial is not None:
             self._finish_trial(trial)
 
+    def monitored(self, window: Window, found: tuple[Any, ...]) -> None:
+        """A window under the final settings closed (after tuning, or the fit's closing one)."""
+        self.final.append((window, found))
+        if self.loop.finished:
+            self.watch_drift(window)
+
     def watch_drift(self, window: Window) -> None:
         """After tuning: note (once) a window much slower than the tuned rate."""
         tuned = window_rate(self.loop.ref) if self.loop.ref is not None else None
@@ -152,13 +187,20 @@ class Tuner:
                       f"{top_line(last)}")  # fmt: skip
 
     def extend(self, report: ThroughputReport) -> ThroughputReport:
-        """The monitor's report with the knob changes, the trials and what is left to do."""
-        tuning = self.summary
+        """The monitor's report, describing the settings in force, with what tuning did.
+
+        The headline numbers and the diagnoses come only from windows measured under the final
+        settings: those after tuning ended (the reference window they were judged by
+        included), or when tuning did not end, the reference window; never a reverted or
+        unfinished trial's.
+        """
+        final, found = self._in_force(report)
+        tuning = self.loop.summary(self._settings(), tuple(self.notes), _rate(final))
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
-        left = remaining(report.diagnoses, self.loop.tried, tuning.settings)
         return dataclasses.replace(
-            report, diagnoses=left, knob_changes=tuple(self.knob_changes),
-            notes=(*notes, *self.notes),
+            report, diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
+            knob_changes=tuple(self.knob_changes), notes=(*notes, *self.notes),
+            final_windows=tuple(final), tuning=tuning.to_dict(),
         )  # fmt: skip
 
     def note(self, text: str) -> None:
@@ -258,3 +300,9 @@ class Tuner:
         change = KnobChange(self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new),
                             reason)  # fmt: skip
         self.knob_changes.append(change)
+
+
+def _rate(windows: list[Window]) -> float | None:
+    """Samples/s over windows, each at its own (stall-capped) rate, as the report adds them."""
+    seconds = sum(sum(w.samples) / w.samples_per_s for w in windows if w.samples_per_s > 0)
+    return sum(sum(w.samples) for w in windows) / seconds if seconds > 0 else None

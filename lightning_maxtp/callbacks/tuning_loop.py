@@ -27,7 +27,6 @@ from lightning_maxtp.callbacks.trials import (
     fmt_settings,
     judge,
     next_change,
-    robust_rate,
 )
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
@@ -42,8 +41,8 @@ Change = tuple[str, dict[str, Any], str]
 
 
 def window_rate(window: Window) -> float:
-    """Samples/s of a window with stalls capped (see ``robust_rate``)."""
-    return robust_rate(window.step_time_s, window.samples)
+    """Samples/s of a window with stalls capped (``Window.samples_per_s``)."""
+    return window.samples_per_s
 
 
 @dataclass
@@ -70,6 +69,7 @@ class TuningLoop:
         max_trials: Most trials.
         time_budget_s: No trial starts after this many seconds of tuning.
         max_workers: The user's worker cap (``None``: the recommendations' own budget).
+        window_steps: Steps per measured window (only for saying how long a fit must be).
     """
 
     def __init__(
@@ -81,10 +81,12 @@ class TuningLoop:
         max_trials: int,
         time_budget_s: float,
         max_workers: int | None,
+        window_steps: int | None = None,
     ) -> None:
         self.warmup_steps, self.settle_steps, self.min_gain = warmup_steps, settle_steps, min_gain
         self.max_trials, self.time_budget_s = max_trials, time_budget_s
         self.max_workers = max_workers
+        self.window_steps = window_steps
         self.phase = "warmup"
         self.steps = 0
         self.trials: list[KnobTrial] = []
@@ -251,7 +253,8 @@ class TuningLoop:
 
     def _close(self) -> None:
         if self._tuning_s is None:
-            self._tuning_s = time.perf_counter() - (self._t_start or time.perf_counter())
+            started = self._t_start
+            self._tuning_s = 0.0 if started is None else time.perf_counter() - started
             self._tuning_steps = max(0, self.steps - self.warmup_steps)
 
     def end(self) -> KnobTrial | None:
@@ -265,18 +268,38 @@ class TuningLoop:
         if self._trial is not None:
             unfinished = self._finish("unfinished")
             self.stop_reason = "the fit ended during a trial"
+        elif self.phase in ("warmup", "baseline") and self.window_steps is not None:
+            need = self.warmup_steps + self.window_steps
+            self.stop_reason = (
+                f"the fit ended before the baseline was measured: it ran {self.steps} steps, "
+                f"tuning needs at least {need} ({self.warmup_steps} warm-up + "
+                f"{self.window_steps} baseline)"
+            )
         self._close()
         return unfinished
 
-    def summary(self, settings: dict[str, Any], notes: tuple[str, ...]) -> TuningSummary:
-        """What the loop did so far."""
+    def summary(
+        self,
+        settings: dict[str, Any],
+        notes: tuple[str, ...],
+        tuned_samples_per_s: float | None = None,
+    ) -> TuningSummary:
+        """What the loop did so far.
+
+        Args:
+            settings: The loader settings in force.
+            notes: Caveats for the report.
+            tuned_samples_per_s: The rate under the settings in force (default: the reference
+                window's).
+        """
         tuning_s, steps = self._tuning_s, self._tuning_steps
         if tuning_s is None:
             tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
             steps = max(0, self.steps - self.warmup_steps)
         return TuningSummary(
             trials=tuple(self.trials), baseline_samples_per_s=self.baseline,
-            tuned_samples_per_s=window_rate(self.ref) if self.ref is not None else None,
+            tuned_samples_per_s=tuned_samples_per_s
+            if tuned_samples_per_s is not None or self.ref is None else window_rate(self.ref),
             tuning_s=tuning_s, tuning_steps=steps or 0, stop_reason=self.stop_reason,
             settings=settings, notes=notes, finished=self.finished,
         )  # fmt: skip

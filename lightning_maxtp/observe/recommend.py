@@ -65,8 +65,26 @@ def loader_rates(window: Window) -> tuple[float, float]:
     return device, window.samples_per_s
 
 
+def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
+    """The worker change; for an ``IterableDataset`` only a condition, never applied by itself.
+
+    Each worker iterates the dataset, so more workers yield the stream more times unless the
+    dataset splits it by ``get_worker_info()``.
+    """
+    if not ctx.iterable_dataset:
+        return Recommendation("num_workers", workers, proposed, reason, True)
+    condition = (
+        "only if the IterableDataset splits its stream by "
+        "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
+    )
+    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
+
+
 def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
+    """Prefetch and persistence: knobs of a loader that already has workers."""
     recs: list[Recommendation] = []
+    if workers == 0:  # they do nothing without workers; the next round, once workers pay
+        return recs
     if proposed > 0 and (ctx.prefetch_factor or 2) < 4:
         recs.append(
             Recommendation(
@@ -111,14 +129,15 @@ def data_pipeline(window: Window) -> list[Recommendation]:
             )
         if budget is not None:
             reason += f"; CPU budget {budget} workers"
-        recs.append(Recommendation("num_workers", workers, proposed, reason, True))
+        recs.append(_num_workers(ctx, workers, proposed, reason))
     recs += _loader_tail(ctx, workers, max(proposed, workers))
-    if budget is not None and need > budget:
+    if budget is not None and need > budget and ctx.dataset != "TensorDataset":
+        gpu = " or GPU decode (nvjpeg/DALI)" if ctx.device_type == "cuda" else ""
         recs.append(
             Recommendation(
                 "decode",
                 "CPU in workers",
-                "pre-encoded tensors or GPU decode (nvjpeg/DALI)",
+                f"pre-encoded tensors{gpu}",
                 f"needs ~{need} workers, CPU budget allows {budget}",
                 False,
             )
@@ -136,16 +155,9 @@ def storage(window: Window) -> list[Recommendation]:
         proposed = min(proposed, max(th.IO_WORKER_FACTOR * budget, workers))
     recs: list[Recommendation] = []
     if proposed > workers:
-        recs.append(
-            Recommendation(
-                "num_workers",
-                workers,
-                proposed,
-                "workers wait on reads: more reads in flight hide latency",
-                True,
-            )
-        )
-    if (ctx.prefetch_factor or 2) < 8:
+        reason = "workers wait on reads: more reads in flight hide latency"
+        recs.append(_num_workers(ctx, workers, proposed, reason))
+    if workers > 0 and (ctx.prefetch_factor or 2) < 8:
         recs.append(
             Recommendation(
                 "prefetch_factor", ctx.prefetch_factor or 2, 8, "deeper read-ahead per worker", True

@@ -8,6 +8,7 @@ Plain data (no torch): built by the monitor at the end of a fit, or by hand from
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window
 
-__all__ = ["KnobChange", "ThroughputReport"]
+__all__ = ["KnobChange", "ThroughputReport", "strict_json"]
 
 
 @dataclass(frozen=True)
@@ -54,23 +55,49 @@ class ThroughputReport:
     ranks: tuple[dict[str, Any], ...] = ()
     """Per-window DDP spreads (``RankSpread.to_dict()``), rank zero only."""
     notes: tuple[str, ...] = ()
+    final_windows: tuple[Window, ...] | None = None
+    """The windows measured under the settings the run ended with (``None``: all of them, as
+    for a run nothing tuned). The headline numbers and the diagnoses describe these."""
+    tuning: dict[str, Any] | None = None
+    """What the closed loop did (``TuningSummary.to_dict()``), when it ran."""
+
+    @property
+    def in_force(self) -> tuple[Window, ...]:
+        """The windows the headline describes: those under the final settings."""
+        return self.windows if self.final_windows is None else self.final_windows
+
+    @property
+    def steps(self) -> int:
+        """Steps measured under the final settings."""
+        return sum(w.steps for w in self.in_force)
 
     @property
     def samples_per_s(self) -> float:
-        """Samples/s over all windows."""
-        total = sum(w.total_s for w in self.windows)
-        return sum(sum(w.samples) for w in self.windows) / total if total > 0 else 0.0
+        """Samples/s under the final settings, per rank (each window's stall-capped time)."""
+        windows = self.in_force
+        total = sum(sum(w.samples) / w.samples_per_s for w in windows if w.samples_per_s > 0)
+        return sum(sum(w.samples) for w in windows) / total if total > 0 else 0.0
+
+    @property
+    def global_samples_per_s(self) -> float:
+        """Samples/s of the whole job: the per-rank rate times the ranks.
+
+        DDP keeps the ranks in step, so each rank's rate is the job's over the world size.
+        """
+        world = self.in_force[-1].context.world_size if self.in_force else 1
+        return self.samples_per_s * world
 
     @property
     def data_wait_share(self) -> float:
-        """Data wait share over all windows."""
-        total = sum(w.total_s for w in self.windows)
-        return sum(sum(w.data_wait_s) for w in self.windows) / total if total > 0 else 0.0
+        """Data wait share under the final settings."""
+        windows = self.in_force
+        total = sum(w.total_s for w in windows)
+        return sum(sum(w.data_wait_s) for w in windows) / total if total > 0 else 0.0
 
     @property
     def median_step_s(self) -> float:
-        """Median step time over all measured steps."""
-        steps = [s for w in self.windows for s in w.step_time_s]
+        """Median step time under the final settings."""
+        steps = [s for w in self.in_force for s in w.step_time_s]
         return statistics.median(steps) if steps else 0.0
 
     @property
@@ -78,12 +105,25 @@ class ThroughputReport:
         """The most confident kind of the last window, or ``"unknown"``."""
         return self.diagnoses[0].kind.value if self.diagnoses else "unknown"
 
+    def _rate_text(self) -> str:
+        world = self.in_force[-1].context.world_size if self.in_force else 1
+        if world <= 1:
+            return f"{self.samples_per_s:.1f} samples/s"
+        return (f"{self.samples_per_s:.1f} samples/s per rank "
+                f"({self.global_samples_per_s:.1f} over {world} ranks)")  # fmt: skip
+
     def summary(self) -> str:
         """A few lines for the end of a fit."""
+        if not self.in_force:
+            return (
+                "maxtp: no window measured (each needs a few steps; the fit ran too few): "
+                "nothing to report"
+            )
+        where = "" if self.final_windows is None else " under the final settings"
         lines = [
-            f"maxtp: {sum(w.steps for w in self.windows)} steps measured, "
-            f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
-            f"data wait {self.data_wait_share:.0%}; bottleneck: {self.bottleneck}"
+            f"maxtp: {self.steps} steps measured{where}, {self._rate_text()}, median step "
+            f"{self.median_step_s * 1e3:.1f} ms, data wait {self.data_wait_share:.0%}; "
+            f"bottleneck: {self.bottleneck}"
         ]
         if self.diagnoses:
             top = self.diagnoses[0]
@@ -103,9 +143,16 @@ class ThroughputReport:
     __str__ = summary
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view (every window included)."""
-        return {
+        """JSON-safe view (every window included; NaN and infinities as ``None``)."""
+        world = self.in_force[-1].context.world_size if self.in_force else 1
+        final = self.in_force
+        data = {
             "samples_per_s": self.samples_per_s,
+            "samples_per_s_per_rank": self.samples_per_s,
+            "global_samples_per_s": self.global_samples_per_s,
+            "world_size": world,
+            "steps_under_final_settings": self.steps,
+            "final_window_first_steps": [w.first_step for w in final],
             "median_step_s": self.median_step_s,
             "data_wait_share": self.data_wait_share,
             "bottleneck": self.bottleneck,
@@ -116,14 +163,18 @@ class ThroughputReport:
             "knob_changes": [k.to_dict() for k in self.knob_changes],
             "captures": [c.to_dict() for c in self.captures],
             "ranks": list(self.ranks),
+            "tuning": self.tuning,
             "notes": list(self.notes),
         }
+        clean: dict[str, Any] = strict_json(data)
+        return clean
 
     def to_markdown(self) -> str:
         """A readable report: summary, diagnosis with evidence, windows, changes, captures."""
+        where = "" if self.final_windows is None else " (under the final settings)"
         md = ["# Throughput report", "", f"**Bottleneck: `{self.bottleneck}`** - "
-              f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms,"
-              f" data wait {self.data_wait_share:.0%}", ""]  # fmt: skip
+              f"{self._rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
+              f" data wait {self.data_wait_share:.0%}{where}", ""]  # fmt: skip
         for d in self.diagnoses:
             md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]
             if d.evidence:
@@ -131,16 +182,18 @@ class ThroughputReport:
                 md += [f"| {k} | {v} |" for k, v in d.evidence.items() if v is not None]
                 md.append("")
             md += [f"{i}. `{r.knob}`: {r.current} -> {r.proposed} - {r.reason} "
-                   f"({'applied automatically' if r.auto_apply else 'opt-in'})"
+                   f"({'auto: same math, the loop may apply it' if r.auto_apply else 'opt-in'})"
                    for i, r in enumerate(d.recommendations, 1)]  # fmt: skip
             md.append("")
-        md += ["## Windows", "", "| steps | samples/s | median step ms | data wait | GPU util |",
-               "|---|---|---|---|---|"]  # fmt: skip
+        md += ["## Windows", "", "| steps | samples/s | median step ms | data wait | GPU util | "
+               "settings |", "|---|---|---|---|---|---|"]  # fmt: skip
+        final = {id(w) for w in self.in_force}
         for w in self.windows:
             util = w.sampler.mean_gpu_util
+            which = "final" if id(w) in final and self.final_windows is not None else ""
             md.append(f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
                       f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
-                      f"{'-' if util is None else f'{util:.0f} %'} |")  # fmt: skip
+                      f"{'-' if util is None else f'{util:.0f} %'} | {which} |")  # fmt: skip
         for title, items in (("Knob changes", self.knob_changes), ("Captures", self.captures)):
             if items:
                 md += ["", f"## {title}", ""] + [f"- {x}" for x in items]
@@ -168,7 +221,8 @@ class ThroughputReport:
         except ImportError:
             note = "timeline.png not written: install the `plot` extra (matplotlib)"
         report = self if note is None else _with_note(self, note)
-        (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
+        text = json.dumps(report.to_dict(), indent=2, default=str, allow_nan=False)
+        (out / "report.json").write_text(text)
         (out / "report.md").write_text(report.to_markdown())
         written["report.json"], written["report.md"] = out / "report.json", out / "report.md"
         return written
@@ -178,3 +232,14 @@ def _with_note(report: ThroughputReport, note: str) -> ThroughputReport:
     from dataclasses import replace
 
     return replace(report, notes=(*report.notes, note))
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by ``None`` (strict JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CaptureSummary", "JobContext", "SamplerSeries", "Window"]
+__all__ = ["SPIKE_FACTOR", "CaptureSummary", "JobContext", "SamplerSeries", "Window", "robust_rate"]
 
 
 def _mean(values: tuple[float, ...]) -> float | None:
@@ -43,6 +43,10 @@ class JobContext:
     world_size: int = 1
     unused_free_gpus: tuple[int, ...] = ()
     """Free GPUs on this machine that the job does not use."""
+    dataset: str | None = None
+    """Type name of the train dataset (``"TensorDataset"``: already tensors in memory)."""
+    iterable_dataset: bool = False
+    """Whether the train dataset is an ``IterableDataset`` (its stream depends on workers)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -206,9 +210,11 @@ class Window:
 
     @property
     def samples_per_s(self) -> float:
-        """Samples per second the job gets."""
-        total = self.total_s
-        return sum(self.samples) / total if total > 0 else 0.0
+        """Samples per second the job gets, a stall capped (``robust_rate``).
+
+        The one rate of a window: every report, log line and tuning decision uses it.
+        """
+        return robust_rate(self.step_time_s, self.samples)
 
     @property
     def device_samples_per_s(self) -> float:
@@ -276,3 +282,22 @@ class Window:
             f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
             f"data wait {self.data_wait_share:.0%}"
         )
+
+
+SPIKE_FACTOR = 3.0
+"""A step longer than this many mean steps counts as this many in ``robust_rate``."""
+
+
+def robust_rate(step_time_s: tuple[float, ...], samples: tuple[int, ...]) -> float:
+    """Samples/s of a window with step-time stalls capped at ``SPIKE_FACTOR`` x the mean step.
+
+    On a shared machine a step can stall for seconds (another process takes the cores); such a
+    stall says nothing about the knob under test, yet it moves a 10-step mean by tens of
+    percent. The cap is relative to the mean, not the median: with several workers a loader
+    delivers in bursts (a few instant steps, then one long wait), and those waits are real.
+    """
+    if not step_time_s:
+        return 0.0
+    cap = SPIKE_FACTOR * sum(step_time_s) / len(step_time_s)
+    total = sum(min(t, cap) for t in step_time_s)
+    return sum(samples) / total if total > 0 else 0.0

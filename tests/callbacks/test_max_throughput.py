@@ -280,7 +280,7 @@ def test_next_change_takes_the_top_diagnosis_first_untried_auto_knob() -> None:
 
 
 def test_robust_rate_caps_a_stall_but_keeps_loader_bursts_and_steady_slowness() -> None:
-    from lightning_maxtp.callbacks.trials import robust_rate
+    from lightning_maxtp.observe.window import robust_rate
 
     steady = (0.1,) * 10
     assert robust_rate(steady, (10,) * 10) == pytest.approx(100.0)

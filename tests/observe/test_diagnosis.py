@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -90,11 +91,24 @@ def test_data_pipeline_says_how_much_faster_the_loader_must_be() -> None:
     recs = [str(r) for r in top.recommendations]
     assert recs[0].startswith("num_workers: 0 -> 2 (loader must be 1.5x faster")
     assert recs[0].endswith("[auto]")
-    assert recs[1:] == [
+    # Prefetch and persistence do nothing without workers: the next round, once workers pay.
+    assert recs[1:] == []
+    assert found[1].kind is BottleneckKind.STORAGE and found[1].confidence < 0.5
+    with_workers = JobContext(batch_size=32, num_workers=2, cpu_worker_budget=6,
+                              persistent_workers=False)  # fmt: skip
+    sampler = SamplerSeries(worker_cpu_percent=(95.0,) * 5, num_worker_processes=2)
+    tail = diagnose(window(100, 60, sampler=sampler, context=with_workers))[0].recommendations
+    assert [str(r) for r in tail[1:]] == [
         "prefetch_factor: 2 -> 4 (absorb batch-to-batch variation in load time) [auto]",
         "persistent_workers: False -> True (no worker restart at every epoch) [auto]",
     ]
-    assert found[1].kind is BottleneckKind.STORAGE and found[1].confidence < 0.5
+
+
+def test_an_iterable_dataset_gets_more_workers_only_as_a_condition() -> None:
+    ctx = JobContext(batch_size=32, num_workers=0, cpu_worker_budget=6, iterable_dataset=True)
+    (rec,) = diagnose(window(100, 60, wait_cpu=1.0, context=ctx))[0].recommendations
+    assert (rec.knob, rec.current, rec.proposed, rec.auto_apply) == ("num_workers", 0, 2, False)
+    assert "only if the IterableDataset splits its stream by" in rec.reason
 
 
 def test_data_pipeline_over_cpu_budget_points_at_pre_encoding() -> None:
@@ -105,9 +119,15 @@ def test_data_pipeline_over_cpu_budget_points_at_pre_encoding() -> None:
     assert top.evidence["loader_speedup_needed"] == pytest.approx(5.0)
     assert [(r.knob, r.current, r.proposed, r.auto_apply) for r in top.recommendations] == [
         ("num_workers", 2, 6, True),
-        ("decode", "CPU in workers", "pre-encoded tensors or GPU decode (nvjpeg/DALI)", False),
+        ("decode", "CPU in workers", "pre-encoded tensors", False),  # no GPU: no GPU decode
     ]
     assert "needs ~11 workers, CPU budget allows 6" in top.recommendations[1].reason
+    on_gpu = dataclasses.replace(ctx, device_type="cuda")
+    gpu_top = diagnose(window(100, 80, sampler=sampler, context=on_gpu))[0]
+    assert gpu_top.recommendations[-1].proposed == "pre-encoded tensors or GPU decode (nvjpeg/DALI)"
+    in_memory = dataclasses.replace(ctx, dataset="TensorDataset")
+    kept = diagnose(window(100, 80, sampler=sampler, context=in_memory))[0].recommendations
+    assert [r.knob for r in kept] == ["num_workers"]  # tensors in memory: nothing to pre-encode
 
 
 def test_storage_when_workers_idle_and_io_wait_high() -> None:
