@@ -51,6 +51,9 @@ class TuningConfig:
     """Window length after tuning (cheap monitoring)."""
     drift_share: float = 0.2
     """After tuning, a window this much slower than the tuned rate is reported."""
+    cost_share: float | None = 0.05
+    """Tuning may cost at most this share of the fit's expected time at the baseline rate
+    (training blocked, plus windows at slower settings); ``None``: only ``time_budget_s``."""
 
     def __post_init__(self) -> None:
         for name, least in _AT_LEAST.items():
@@ -72,6 +75,14 @@ class TuningConfig:
         drift = self.drift_share
         if not isinstance(drift, int | float) or not 0 < drift < 1:
             raise ValueError(f"`drift_share` must be in (0, 1), got {drift!r}; e.g. 0.2")
+        share = self.cost_share
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
+        ):
+            raise ValueError(
+                f"`cost_share` must be in (0, 1] or None (no limit), got {share!r}; e.g. 0.05 lets "
+                "tuning cost at most 5 % of the fit's expected time"
+            )
         workers = self.max_workers
         if workers is not None and (
             isinstance(workers, bool) or not isinstance(workers, int) or workers < 0

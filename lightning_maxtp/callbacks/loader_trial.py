@@ -41,19 +41,26 @@ def plan_line(config: TuningConfig, resources: Resources, world_size: int) -> st
 
 
 def measure_loader(
-    loader: DataLoader[Any], window: Window, config: TuningConfig, resources: Resources | None
+    loader: DataLoader[Any],
+    window: Window,
+    config: TuningConfig,
+    resources: Resources | None,
+    *,
+    time_budget_s: float | None = None,
 ) -> LoaderPlan:
     """``tune_dataloader`` on the user's loader against the window's consumption rate.
 
     The user's own loader object is measured (its pipeline re-run with preserved random state),
-    never the running one, so the training's index stream is not touched.
+    never the running one, so the training's index stream is not touched. ``time_budget_s``
+    (default: the config's) bounds how long training waits for it.
     """
     from lightning_maxtp.loader.tune import tune_dataloader
 
     rate = window.device_samples_per_s
     return tune_dataloader(
         loader, consumption_rate=rate if rate > 0 else None,
-        time_budget_s=config.loader_time_budget_s, max_workers=config.max_workers,
+        time_budget_s=config.loader_time_budget_s if time_budget_s is None else time_budget_s,
+        max_workers=config.max_workers,
         pin_memory=window.context.device_type == "cuda", resources=resources,
     )  # fmt: skip
 

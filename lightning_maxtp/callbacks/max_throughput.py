@@ -92,6 +92,10 @@ class MaxThroughputCallback(Callback):
             (changes the optimization; off by default).
         monitor_window_steps: Window length after tuning (cheap monitoring).
         drift_share: After tuning, a window this much slower than the tuned rate is reported.
+        cost_share: Tuning may cost at most this share of the fit's expected time at the
+            baseline rate (training blocked while the loader is measured alone, and windows at
+            slower settings): a short run skips the loader measurement and stops trying sooner.
+            ``None``: only ``time_budget_s`` bounds tuning. The report gives the net effect.
         capture: Profiler capture mode after tuning (``"auto"``, ``"always"``, ``"never"``).
         report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
         verbose: Print the plan, the tuning progress and the final summary (rank zero).
@@ -113,6 +117,7 @@ class MaxThroughputCallback(Callback):
         allow_batch_size_change: bool = False,
         monitor_window_steps: int = 100,
         drift_share: float = 0.2,
+        cost_share: float | None = 0.05,
         capture: CaptureMode = "auto",
         report_dir: str | Path | None = None,
         verbose: bool = True,
@@ -124,6 +129,7 @@ class MaxThroughputCallback(Callback):
             tune_loader=tune_loader, loader_time_budget_s=loader_time_budget_s,
             max_workers=max_workers, allow_batch_size_change=allow_batch_size_change,
             monitor_window_steps=monitor_window_steps, drift_share=drift_share,
+            cost_share=cost_share,
         )  # fmt: skip
         self.monitor = BottleneckMonitor(
             window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
@@ -135,6 +141,7 @@ class MaxThroughputCallback(Callback):
         self.tuner = Tuner(self.config, self.monitor, None, verbose=verbose)
         self._report: ThroughputReport | None = None
         self._closing = False
+        self._carried: dict[str, Any] | None = None
 
     @property
     def loader(self) -> SwitchableLoader | None:
@@ -181,7 +188,11 @@ class MaxThroughputCallback(Callback):
         from lightning_maxtp.resources.probe import inspect_resources
 
         resources = inspect_resources()
-        self.tuner = Tuner(self.config, self.monitor, resources, verbose=self.verbose)
+        self.tuner = Tuner(
+            self.config, self.monitor, resources, verbose=self.verbose, carried=self._carried,
+            world_size=trainer.world_size,
+        )  # fmt: skip
+        self.monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
         previous = private.dataloader_transform(trainer)
 
@@ -210,6 +221,8 @@ class MaxThroughputCallback(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.monitor.on_train_start(trainer, pl_module)
+        if self.tuner.loader is not None:  # settings requested before the first batch
+            self.monitor.clock.update_context(**self.tuner.loader.settings())
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -276,6 +289,7 @@ class MaxThroughputCallback(Callback):
             self.monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
             self._closing = False
         self.tuner.end()
+        self._carried = self.tuner.state() or self._carried  # for the next fit of this callback
         self.monitor.on_train_end(trainer, pl_module)
         self._report = self.tuner.extend(self.monitor.report)
         if trainer.is_global_zero:
@@ -287,6 +301,18 @@ class MaxThroughputCallback(Callback):
             rank_zero_info(str(self.tuning))
             if self.report_dir is not None:
                 rank_zero_info(f"report files in {self.report_dir}")
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The tuned settings and what they were tuned on (``{}`` while tuning runs)."""
+        return self.tuner.state() or dict(self._carried or {})
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Settings from a checkpoint: applied at once when the machine and loader match."""
+        # Lightning restores callbacks after ``setup`` (the fit's Tuner exists already) and
+        # before it builds the train loader (where the settings are applied).
+        self._carried = self.tuner.carried = dict(state_dict) or None
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from lightning_maxtp.callbacks.cost import TuningCost
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
 
@@ -59,6 +60,8 @@ class KnobTrial:
     windows: int = 2
     """Windows the judgement read: reference and trial, then each re-measured when it looked
     like a gain (4)."""
+    lost_s: float = 0.0
+    """Seconds its windows at the slower settings cost (what the judgement itself cost)."""
 
     @property
     def gain(self) -> float:
@@ -80,6 +83,7 @@ class KnobTrial:
             "verdict": self.verdict,
             "noise": self.noise,
             "windows": self.windows,
+            "lost_s": self.lost_s,
             "first_step": self.first_step,
             "steps": self.steps,
         }
@@ -149,6 +153,8 @@ class TuningSummary:
     finished: bool = False
     """Whether tuning ended before the fit did (``False``: the fit ended mid-tuning, or the
     summary was read while tuning)."""
+    cost: TuningCost | None = None
+    """What tuning cost against its budget, and the fit's net wall-clock."""
 
     @property
     def speedup(self) -> float | None:
@@ -170,6 +176,7 @@ class TuningSummary:
             "settings": dict(self.settings),
             "notes": list(self.notes),
             "finished": self.finished,
+            "cost": None if self.cost is None else self.cost.to_dict(),
         }
 
     def __str__(self) -> str:
@@ -183,6 +190,8 @@ class TuningSummary:
                 f"({self.speedup or 0:.2f}x)"
             )
         lines += [f"  {t}" for t in self.trials]
+        if self.cost is not None and self.baseline_samples_per_s is not None:
+            lines.append(f"  {self.cost}")
         if self.settings:
             lines.append("  loader now: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()))
         lines += [f"  note: {n}" for n in self.notes]

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
+from lightning_maxtp.callbacks.carry import carried_settings, loader_key, machine_key, state
+from lightning_maxtp.callbacks.cost import TuningCost, capped_s
 from lightning_maxtp.callbacks.loader_trial import measure_loader, plan_change
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
@@ -24,6 +28,7 @@ from lightning_maxtp.callbacks.trials import (
 from lightning_maxtp.callbacks.tuning_loop import Change, TuningLoop, window_rate
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
+from lightning_maxtp.observe.window import combined_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -33,7 +38,11 @@ if TYPE_CHECKING:
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
 
-__all__ = ["Tuner"]
+__all__ = ["MIN_LOADER_MEASURE_S", "Tuner"]
+
+MIN_LOADER_MEASURE_S = 1.0
+"""Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
+slice of a fraction of a second plus worker start-up): skipped."""
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +55,9 @@ class Tuner:
         monitor: The monitor measuring the fit (windows restart and carry settings through it).
         resources: The probe's result (CPU budget, GPUs) for the loader measurement.
         verbose: Print each step of the loop (rank zero).
+        carried: Settings tuned earlier (the callback's checkpoint state, or its last fit's),
+            applied at once when the machine and the loader match (``carry``).
+        world_size: Ranks of the fit (part of what the settings were tuned on).
     """
 
     def __init__(
@@ -55,13 +67,11 @@ class Tuner:
         resources: Resources | None,
         *,
         verbose: bool,
+        carried: dict[str, Any] | None = None,
+        world_size: int = 1,
     ) -> None:
-        self.config, self.monitor, self.resources, self.verbose = (
-            config,
-            monitor,
-            resources,
-            verbose,
-        )
+        self.config, self.monitor, self.resources = config, monitor, resources
+        self.verbose, self.carried, self.world_size = verbose, carried, world_size
         self.loop = TuningLoop(
             warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
             min_gain=config.min_gain, max_trials=config.max_trials,
@@ -73,6 +83,7 @@ class Tuner:
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
         self.knob_changes: list[KnobChange] = []
+        self.cost = TuningCost()
         self.final: list[tuple[Window, tuple[Any, ...]]] = []
         """Windows measured under the settings in force since tuning ended, with diagnoses."""
         self.notes: list[str] = []
@@ -89,50 +100,44 @@ class Tuner:
     @property
     def summary(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        return self.loop.summary(self._settings(), tuple(self.notes), _rate(self._in_force()[0]))
+        rate = combined_rate(self.loop.in_force(self.final)[0])
+        return self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
+
+    def _cost(self) -> TuningCost:
+        return dataclasses.replace(self.cost, lost_s=sum(t.lost_s for t in self.trials))
 
     def _settings(self) -> dict[str, Any]:
         return self.loader.settings() if self.loader is not None else {}
 
-    def _in_force(
-        self, report: ThroughputReport | None = None
-    ) -> tuple[list[Window], tuple[Any, ...]]:
-        """The windows measured under the settings in force, and the diagnoses that describe them.
-
-        Those after tuning ended, the reference window they were judged by included; when tuning
-        did not end, the reference window (never a reverted or unfinished trial's); with no
-        reference at all, every window of ``report``.
-        """
-        ref = self.loop.ref
-        if self.final:
-            final, found = [w for w, _ in self.final], self.final[-1][1]
-            last = report.windows[-1] if report is not None and report.windows else None
-            if report is not None and last is not None and last.first_step == final[-1].first_step:
-                found = report.diagnoses  # the monitor's latest, re-read with a capture
-            if ref is not None and self.loop.finished:
-                final.insert(0, ref)
-            return final, found
-        if ref is not None:
-            return [ref], self.loop.ref_found
-        if report is None:
-            return [], ()
-        return list(report.windows), report.diagnoses
-
     def wrap(self, loader: object) -> object:
         """The train loader to use: the user's, wrapped so its knobs can switch mid-epoch."""
-        why = switchable_reason(loader)
-        if why is not None:
-            self.note(f"loader knobs not changed: {why}")
-            return loader
-        if isinstance(loader, SwitchableLoader):
-            return loader
-        from torch.utils.data import DataLoader
-
-        assert isinstance(loader, DataLoader)
-        self.source_loader = loader
-        cpus = int(self.resources.cpu.effective) if self.resources else 1
-        self.loader = SwitchableLoader(loader, cpu_threads=cpus)
+        if isinstance(loader, SwitchableLoader):  # ours, from an earlier fit of this Trainer
+            self.loader, self.source_loader = loader, loader.source
+        else:
+            why = switchable_reason(loader)
+            if why is not None:
+                self.note(f"loader knobs not changed: {why}")
+                return loader
+            cpus = int(self.resources.cpu.effective) if self.resources else 1
+            self.source_loader = loader
+            self.loader = SwitchableLoader(loader, cpu_threads=cpus)  # type: ignore[arg-type]
+        machine = machine_key(self.resources, self.world_size)
+        settings, why = carried_settings(self.carried, machine, loader_key(self.source_loader))
+        if settings is None and why:
+            self.note(why)
+        elif settings is not None:
+            changed = {k: v for k, v in settings.items() if self.loader.settings().get(k) != v}
+            if changed:
+                self.loader.request(**changed)
+            self._stop(why)
         return self.loader
+
+    def state(self) -> dict[str, Any]:
+        """What to carry into a checkpoint or the next fit: tuned settings, once tuning ended."""
+        if self.loader is None or not self.loop.finished:
+            return {}
+        machine = machine_key(self.resources, self.world_size)
+        return state(self.loader.settings(), machine, loader_key(self.source_loader))
 
     def on_step(self) -> None:
         """A training step ended: a measured window may start at this boundary."""
@@ -146,6 +151,7 @@ class Tuner:
         loop = self.loop
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
+            self._budget(trainer, window)
             self.say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
                      f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
         else:
@@ -163,8 +169,25 @@ class Tuner:
         else:
             self._start_trial(trainer, *decision)
 
+    def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
+        """The fit's expected length at the baseline rate, and what tuning may cost of it."""
+        try:
+            batches = float(trainer.estimated_stepping_batches) * trainer.accumulate_grad_batches
+        except Exception:  # an unsized loader or a strategy Lightning cannot ask: no estimate
+            batches = math.inf
+        step = capped_s(baseline) / baseline.steps if baseline.steps else None
+        cost = dataclasses.replace(self.cost, step_s=step, batches=batches)
+        share, expected = self.config.cost_share, cost.expected_fit_s
+        budget = None if share is None or expected is None else share * expected
+        self.cost = dataclasses.replace(cost, budget_s=budget)
+
     def end(self) -> None:
         """The fit ended: a trial under way is recorded as unfinished and its settings undone."""
+        started = self.loop.started_at
+        if started is not None:
+            steps = self.loop.steps - self.loop.warmup_steps
+            fit_s = time.perf_counter() - started
+            self.cost = dataclasses.replace(self.cost, fit_s=fit_s, steps_run=steps)
         trial = self.loop.end()
         if trial is not None:
             self._finish_trial(trial)
@@ -194,8 +217,9 @@ class Tuner:
         included), or when tuning did not end, the reference window; never a reverted or
         unfinished trial's.
         """
-        final, found = self._in_force(report)
-        tuning = self.loop.summary(self._settings(), tuple(self.notes), _rate(final))
+        final, found = self.loop.in_force(self.final, report)
+        rate = combined_rate(final)
+        tuning = self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
         return dataclasses.replace(
             report, diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
@@ -221,6 +245,9 @@ class Tuner:
         """Rank zero: the next trial, or why the loop stops."""
         if self.loader is None:
             return "the train loader cannot be switched (see notes)"
+        cost = self._cost()
+        if cost.left_s <= 0:
+            return f"tuning cost budget spent: {cost.cost_s:.1f} s of {cost.budget_s or 0:.1f} s"
         settings = self.loader.settings()
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan = self._plan_change if wants_plan else None
@@ -231,15 +258,30 @@ class Tuner:
         """``tune_dataloader`` against the reference window's consumption rate."""
         assert self.loop.ref is not None and self.loader is not None
         rate = self.loop.ref.device_samples_per_s
+        seconds = min(self.config.loader_time_budget_s, self._cost().left_s)
+        if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
+            expected = self.cost.expected_fit_s or 0.0
+            self.note(
+                f"the loader is not measured alone: the fit is expected to take {expected:.1f} s, "
+                f"so tuning may cost {self.cost.budget_s or 0:.2f} s; single knobs are tried on "
+                "real steps instead"
+            )
+            self.loader_plan = False
+            return None
         self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+        started = time.perf_counter()
         try:
             self.loader_plan = measure_loader(
-                self.source_loader, self.loop.ref, self.config, self.resources
-            )
+                self.source_loader, self.loop.ref, self.config, self.resources,
+                time_budget_s=seconds,
+            )  # fmt: skip
         except Exception as err:  # advisory: the diagnosis loop still runs without it
             self.note(f"tune_dataloader failed, skipped: {err!r}")
             self.loader_plan = False
             return None
+        finally:
+            blocked = self.cost.blocked_s + time.perf_counter() - started
+            self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
         return plan_change(self.loader_plan, self.loader.settings())
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
@@ -300,9 +342,3 @@ class Tuner:
         change = KnobChange(self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new),
                             reason)  # fmt: skip
         self.knob_changes.append(change)
-
-
-def _rate(windows: list[Window]) -> float | None:
-    """Samples/s over windows, each at its own (stall-capped) rate, as the report adds them."""
-    seconds = sum(sum(w.samples) / w.samples_per_s for w in windows if w.samples_per_s > 0)
-    return sum(sum(w.samples) for w in windows) / seconds if seconds > 0 else None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_maxtp.callbacks.cost import TuningCost, lost_s
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
     TuningSummary,
@@ -29,6 +30,7 @@ from lightning_maxtp.callbacks.trials import (
     next_change,
 )
 from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.observe.report import ThroughputReport
 from lightning_maxtp.observe.window import Window
 
 __all__ = ["DATA_KINDS", "Change", "TuningLoop", "window_rate"]
@@ -105,6 +107,11 @@ class TuningLoop:
     def measuring(self) -> bool:
         """Whether the current window is a baseline or trial measurement."""
         return self.phase in ("baseline", "trial")
+
+    @property
+    def started_at(self) -> float | None:
+        """``time.perf_counter()`` when the baseline window began (``None``: not yet)."""
+        return self._t_start
 
     @property
     def finished(self) -> bool:
@@ -194,10 +201,16 @@ class TuningLoop:
         noise = judge(rates, self.min_gain)[1] if len(rates) >= 4 else None
         kept = verdict == "kept"
         steps = sum(w.steps for w, _ in news)
+        # The reference's first window runs anyway (it is the settings before the trial); what
+        # the judgement costs is the slower side's other windows.
+        if kept and after is not None:
+            lost = lost_s([w for w, _ in olds[1:]], after)
+        else:
+            lost = lost_s([w for w, _ in news], before)
         trial = KnobTrial(
             t.knob, shown_old, shown_new, t.why, before_samples_per_s=before,
             after_samples_per_s=after, kept=kept, first_step=t.step, steps=steps,
-            verdict=verdict, noise=noise, windows=len(rates),
+            verdict=verdict, noise=noise, windows=len(rates), lost_s=lost,
         )  # fmt: skip
         self.trials.append(trial)
         if kept:
@@ -246,6 +259,42 @@ class TuningLoop:
         knob, value, reason = change
         return knob, {knob: value}, reason
 
+    def in_force(
+        self,
+        final: list[tuple[Window, tuple[Diagnosis, ...]]],
+        report: ThroughputReport | None = None,
+    ) -> tuple[list[Window], tuple[Diagnosis, ...]]:
+        """The windows measured under the settings in force, and the diagnoses describing them.
+
+        Args:
+            final: Windows closed under the settings in force after tuning ended, with their
+                diagnoses (the reference window they were judged by is added).
+            report: The monitor's report: its last diagnoses are the latest (re-read with a
+                profiler capture, if one ran), and its windows are all there is when nothing
+                was tuned.
+
+        Returns:
+            When tuning did not end, the reference window (never a reverted or unfinished
+            trial's); with no reference at all, every window of ``report``.
+        """
+        if final:
+            windows, found = [w for w, _ in final], final[-1][1]
+            last = report.windows[-1] if report is not None and report.windows else None
+            if (
+                report is not None
+                and last is not None
+                and last.first_step == windows[-1].first_step
+            ):
+                found = report.diagnoses
+            if self.ref is not None and self.finished:
+                windows.insert(0, self.ref)
+            return windows, found
+        if self.ref is not None:
+            return [self.ref], self.ref_found
+        if report is None:
+            return [], ()
+        return list(report.windows), report.diagnoses
+
     def stop(self, reason: str) -> None:
         """Tuning is over: from now on the loop only monitors."""
         self.stop_reason, self.phase = reason, "monitor"
@@ -283,6 +332,7 @@ class TuningLoop:
         settings: dict[str, Any],
         notes: tuple[str, ...],
         tuned_samples_per_s: float | None = None,
+        cost: TuningCost | None = None,
     ) -> TuningSummary:
         """What the loop did so far.
 
@@ -291,6 +341,7 @@ class TuningLoop:
             notes: Caveats for the report.
             tuned_samples_per_s: The rate under the settings in force (default: the reference
                 window's).
+            cost: What tuning cost, for the summary.
         """
         tuning_s, steps = self._tuning_s, self._tuning_steps
         if tuning_s is None:
@@ -301,5 +352,5 @@ class TuningLoop:
             tuned_samples_per_s=tuned_samples_per_s
             if tuned_samples_per_s is not None or self.ref is None else window_rate(self.ref),
             tuning_s=tuning_s, tuning_steps=steps or 0, stop_reason=self.stop_reason,
-            settings=settings, notes=notes, finished=self.finished,
+            settings=settings, notes=notes, finished=self.finished, cost=cost,
         )  # fmt: skip

@@ -97,6 +97,8 @@ class SwitchableLoader(DataLoader[Any]):
     """
 
     def __init__(self, source: DataLoader[Any], cpu_threads: int = 1) -> None:
+        self.source = source
+        """The loader it was built from (the user's, after Lightning's sampler injection)."""
         self.user_worker_init_fn = unwrap_worker_init_fn(source.worker_init_fn)
         self.user_mp_context = source.multiprocessing_context
         self.cpu_threads = max(1, cpu_threads)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
-from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window
+from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window, combined_rate
 
 __all__ = ["KnobChange", "ThroughputReport", "strict_json"]
 
@@ -74,9 +74,7 @@ class ThroughputReport:
     @property
     def samples_per_s(self) -> float:
         """Samples/s under the final settings, per rank (each window's stall-capped time)."""
-        windows = self.in_force
-        total = sum(sum(w.samples) / w.samples_per_s for w in windows if w.samples_per_s > 0)
-        return sum(sum(w.samples) for w in windows) / total if total > 0 else 0.0
+        return combined_rate(self.in_force) or 0.0
 
     @property
     def global_samples_per_s(self) -> float:

@@ -10,7 +10,15 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SPIKE_FACTOR", "CaptureSummary", "JobContext", "SamplerSeries", "Window", "robust_rate"]
+__all__ = [
+    "SPIKE_FACTOR",
+    "CaptureSummary",
+    "JobContext",
+    "SamplerSeries",
+    "Window",
+    "combined_rate",
+    "robust_rate",
+]
 
 
 def _mean(values: tuple[float, ...]) -> float | None:
@@ -282,6 +290,12 @@ class Window:
             f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
             f"data wait {self.data_wait_share:.0%}"
         )
+
+
+def combined_rate(windows: list[Window] | tuple[Window, ...]) -> float | None:
+    """Samples/s over several windows, each counted at its own (stall-capped) rate."""
+    seconds = sum(sum(w.samples) / w.samples_per_s for w in windows if w.samples_per_s > 0)
+    return sum(sum(w.samples) for w in windows) / seconds if seconds > 0 else None
 
 
 SPIKE_FACTOR = 3.0

@@ -52,9 +52,11 @@ def _trainer(callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
 
 
 def _callback(**kwargs: Any) -> MaxThroughputCallback:
+    # These fits take seconds, so a tuning budget of 5 % would stop the loop after a trial or
+    # two; the loop's mechanics are tested without it (the budget has its own tests).
     defaults: dict[str, Any] = {
         "warmup_steps": 2, "window_steps": 8, "tune_loader": False, "verbose": False,
-        "sampler_interval_s": 0.05,
+        "sampler_interval_s": 0.05, "cost_share": None,
     }  # fmt: skip
     return MaxThroughputCallback(**(defaults | kwargs))
 
@@ -191,6 +193,7 @@ def test_switching_mid_epoch_keeps_every_index_once_in_order() -> None:
         ({"max_workers": -2}, r"`max_workers` must be an integer >= 0 or None"),
         ({"capture": "sometimes"}, r"`capture` must be one of"),
         ({"drift_share": 1.0}, r"`drift_share` must be in \(0, 1\), got 1.0"),
+        ({"cost_share": 0}, r"`cost_share` must be in \(0, 1\] or None \(no limit\), got 0"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs: dict[str, Any], match: str) -> None:
@@ -312,3 +315,32 @@ def test_batch_size_changes_only_when_allowed_and_the_loop_runs_on_the_new_loade
     assert plan is not None and model.batch_size == plan.batch_size
     assert callback.loader is not None and callback.loader.feed.inner.batch_size == plan.batch_size
     assert callback.windows and callback.windows[0].samples[0] == plan.batch_size
+
+
+def test_a_short_fit_skips_measuring_the_loader_alone_and_reports_the_net_effect() -> None:
+    # ~60 steps of ~35 ms: a 5 % budget is ~0.1 s, far less than measuring the loader alone
+    # (which blocks training for its whole time budget) could win back.
+    callback = _callback(max_trials=2, tune_loader=True, cost_share=0.05)
+    _fit(callback, max_epochs=1)
+
+    tuning = callback.tuning
+    assert callback.loader_plan is False and tuning.cost is not None
+    assert tuning.cost.blocked_s == 0.0
+    assert any(n.startswith("the loader is not measured alone") for n in tuning.notes)
+    assert tuning.cost.budget_s is not None and tuning.cost.budget_s < 1.0
+    assert tuning.cost.expected_fit_s is not None and tuning.cost.expected_fit_s > 0
+    assert tuning.cost.fit_s is not None and tuning.cost.steps_run == 60 - 2  # from the baseline
+    assert tuning.cost.net is not None and "net: the fit's 58 steps took" in str(tuning)
+    json_cost = callback.report.to_dict()["tuning"]["cost"]
+    assert json_cost["net"] == pytest.approx(tuning.cost.net)
+    assert json_cost["budget_s"] == pytest.approx(tuning.cost.budget_s)
+
+
+def test_with_a_budget_the_loader_is_measured_within_what_is_left() -> None:
+    callback = _callback(max_trials=1, tune_loader=True, loader_time_budget_s=2.0, cost_share=1.0)
+    _fit(callback, max_epochs=1)
+
+    plan, cost = callback.loader_plan, callback.tuning.cost
+    assert plan and cost is not None and cost.budget_s is not None
+    assert 0 < cost.blocked_s <= min(2.0, cost.budget_s) + 1.5  # the last candidate may overrun
+    assert plan.budget.time_budget_s <= min(2.0, cost.budget_s)

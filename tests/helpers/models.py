@@ -25,5 +25,8 @@ class IdModel(pl.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self.val_batches += 1
 
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0])
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

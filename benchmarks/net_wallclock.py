@@ -1,0 +1,124 @@
+"""Net wall-clock: a whole fit with ``MaxThroughputCallback()`` against the same fit without it.
+
+What a user pays and gets: the fit's wall-clock from ``trainer.fit`` to its return, tuning
+included (measuring, trials, worker restarts), not a steady-state rate. Three jobs, each timed
+A/B/A/B (defaults, then defaults + the callback with its default arguments, per round):
+
+* ``long_data_bound``: a tiny MLP whose samples each wait ``--latency-ms`` (remote storage),
+  loaded in the main process as Lightning's defaults do; ~40 s at defaults on 2 CPUs. Target:
+  the callback's fit takes well under 0.6x the time.
+* ``short_data_bound``: the same job for ~3 s. Tuning must not make it much slower: at most
+  ~1.2x (the tuning budget is 5 % of the expected fit, so the loader is not measured alone).
+* ``already_tuned``: the long job's loader already has the workers it needs. Target ~1.0x.
+
+The ratio column is the callback's wall-clock over the defaults' (lower is better); the JSON
+line has every round and the callback's own account (its cost, budget and net estimate).
+
+Usage: ``python -m benchmarks.net_wallclock [--smoke] [--rounds N] [--out FILE] [--table FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.runner import git_state
+from lightning_maxtp.resources import inspect_resources
+
+JOBS = {
+    # name: (steps, workers of the user's own loader)
+    "long_data_bound": (800, 0),
+    "short_data_bound": (60, 0),
+    "already_tuned": (800, 4),
+}
+
+
+def fit_once(steps: int, workers: int, latency_s: float, callback: bool) -> dict[str, Any]:
+    """One fresh fit; its wall-clock and, with the callback, what the callback said."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from benchmarks.workloads.ci import LatencyDataset, TinyMLP
+    from lightning_maxtp import MaxThroughputCallback
+
+    pl.seed_everything(0, verbose=False)
+    cb = MaxThroughputCallback(verbose=False) if callback else None
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb] if cb else [],
+    )  # fmt: skip
+    loader = DataLoader(
+        LatencyDataset(16 * steps, latency_s), batch_size=16, shuffle=True,
+        num_workers=workers, persistent_workers=workers > 0,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(TinyMLP(), loader)
+    out: dict[str, Any] = {"seconds": time.perf_counter() - start}
+    if cb is not None:
+        tuning = cb.tuning
+        out["callback"] = {
+            "settings": tuning.settings, "stop_reason": tuning.stop_reason,
+            "trials": [str(t) for t in tuning.trials],
+            "cost": None if tuning.cost is None else tuning.cost.to_dict(),
+        }  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every job A/B for ``--rounds`` rounds; print a table, then one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-ms", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: the plumbing only")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--table", type=Path)
+    args = parser.parse_args(argv)
+    jobs = {name: (max(20, steps // 20), w) for name, (steps, w) in JOBS.items()} if args.smoke \
+        else JOBS  # fmt: skip
+    rounds = 1 if args.smoke else args.rounds
+    latency = args.latency_ms / 1e3
+    commit, dirty = git_state()
+    results: dict[str, Any] = {}
+    for name, (steps, workers) in jobs.items():
+        runs: dict[str, list[dict[str, Any]]] = {"defaults": [], "callback": []}
+        for r in range(rounds):
+            for config, done in runs.items():
+                run = fit_once(steps, workers, latency, config == "callback")
+                done.append(run)
+                print(f"{name} round {r + 1}/{rounds} {config}: {run['seconds']:.1f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        medians = {c: statistics.median(r["seconds"] for r in v) for c, v in runs.items()}
+        results[name] = {"steps": steps, "workers": workers, "runs": runs, "median_s": medians,
+                         "ratio": medians["callback"] / medians["defaults"]}  # fmt: skip
+    lines = [
+        f"net wall-clock, {rounds} round(s), latency {args.latency_ms:g} ms per sample",
+        f"{'job':<18} {'steps':>5} {'defaults s':>10} {'callback s':>10} {'ratio':>6}",
+    ]
+    for name, res in results.items():
+        med = res["median_s"]
+        lines.append(f"{name:<18} {res['steps']:>5} {med['defaults']:>10.1f} "
+                     f"{med['callback']:>10.1f} {res['ratio']:>6.2f}")  # fmt: skip
+    table = "\n".join(lines)
+    print(table)
+    record = {
+        "benchmark": "net_wallclock", "smoke": args.smoke, "git_commit": commit,
+        "git_dirty": dirty, "latency_ms": args.latency_ms, "rounds": rounds,
+        "ratios": {n: r["ratio"] for n, r in results.items()}, "jobs": results,
+        "machine": inspect_resources().to_dict(),
+    }  # fmt: skip
+    line = json.dumps(record)
+    print(line)
+    if args.out:
+        args.out.write_text(line + "\n")
+    if args.table:
+        args.table.write_text(table + "\n")
+    return record
+
+
+if __name__ == "__main__":
+    main()

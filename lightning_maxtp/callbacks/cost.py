@@ -1,0 +1,102 @@
+"""What tuning costs the fit, and the net effect on its wall-clock (pure, plain data).
+
+Tuning is worth it only when the run gets back more than tuning spends. Two things cost:
+*blocked* time, when training waits (the DataLoader measured alone), and *lost* time, windows
+run at settings slower than the better of the two being compared (a reverted trial's windows,
+the original settings measured again before a kept change). Both are bounded by a share of the
+fit's expected time at the baseline rate (``trainer.estimated_stepping_batches`` times the
+baseline window's step time); a run too short to pay back a costly step skips it. At the end
+the fit's wall-clock is set against the estimate at the baseline rate: the net effect.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_maxtp.observe.window import Window
+
+__all__ = ["TuningCost", "capped_s", "lost_s"]
+
+
+def capped_s(window: Window) -> float:
+    """A window's time as its rate counts it (a stall capped at 3 mean steps)."""
+    rate = window.samples_per_s
+    return sum(window.samples) / rate if rate > 0 else 0.0
+
+
+def lost_s(windows: list[Window], better_rate: float) -> float:
+    """Seconds ``windows`` took beyond what ``better_rate`` would have needed for their samples."""
+    if better_rate <= 0:
+        return 0.0
+    return sum(max(0.0, capped_s(w) - sum(w.samples) / better_rate) for w in windows)
+
+
+@dataclass(frozen=True)
+class TuningCost:
+    """What tuning cost, the budget it had, and the fit's wall-clock against the estimate."""
+
+    blocked_s: float = 0.0
+    """Training waited this long (the loader measured alone)."""
+    lost_s: float = 0.0
+    """Windows at the slower of two compared settings took this much longer."""
+    budget_s: float | None = None
+    """What tuning may cost (``cost_share`` of the expected fit; ``None``: no share limit)."""
+    step_s: float | None = None
+    """The baseline window's mean step time (stall-capped), seconds."""
+    batches: float | None = None
+    """Training batches the fit was expected to run (``inf``: unknown length)."""
+    fit_s: float | None = None
+    """The fit's wall-clock from the baseline window's first step to the end (when it ended;
+    the warm-up before runs the same with or without tuning)."""
+    steps_run: int = 0
+    """Training steps the fit ran from the baseline window on (when it ended)."""
+
+    @property
+    def cost_s(self) -> float:
+        """Blocked plus lost seconds."""
+        return self.blocked_s + self.lost_s
+
+    @property
+    def expected_fit_s(self) -> float | None:
+        """The whole fit at the baseline rate (``None`` when its length is unknown)."""
+        if self.step_s is None or self.batches is None or not math.isfinite(self.batches):
+            return None
+        return self.step_s * self.batches
+
+    @property
+    def left_s(self) -> float:
+        """Budget not yet spent (``inf`` without a budget)."""
+        return math.inf if self.budget_s is None else self.budget_s - self.cost_s
+
+    @property
+    def net(self) -> float | None:
+        """The fit's wall-clock over what its steps take at the baseline rate (< 1: faster)."""
+        if self.fit_s is None or self.step_s is None or self.steps_run <= 0:
+            return None
+        return self.fit_s / (self.step_s * self.steps_run)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view, with the derived numbers."""
+        data = asdict(self)
+        data["batches"] = (
+            self.batches if self.batches is None or math.isfinite(self.batches) else None
+        )
+        return {**data, "cost_s": self.cost_s, "expected_fit_s": self.expected_fit_s,
+                "net": self.net}  # fmt: skip
+
+    def __str__(self) -> str:
+        budget = ""
+        if self.budget_s is not None and self.expected_fit_s is not None:
+            budget = (
+                f" of a {self.budget_s:.1f} s budget (expected fit {self.expected_fit_s:.1f} s)"
+            )
+        text = (f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
+                f"{self.lost_s:.1f} s lost in slower windows")  # fmt: skip
+        if self.net is not None and self.fit_s is not None and self.step_s is not None:
+            at_baseline = self.step_s * self.steps_run
+            text += (f"; net: the fit's {self.steps_run} steps took {self.fit_s:.1f} s, "
+                     f"{self.net:.2f}x the {at_baseline:.1f} s at the baseline rate")  # fmt: skip
+        return text

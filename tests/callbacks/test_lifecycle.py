@@ -1,0 +1,96 @@
+"""Every fit lifecycle: repeated fits, checkpoints, other stages, with one callback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp.loader.switchable import SwitchableLoader
+from tests.helpers.loader_data import SleepDataset
+from tests.helpers.models import IdModel
+
+
+def _callback() -> MaxThroughputCallback:
+    return MaxThroughputCallback(
+        warmup_steps=2, window_steps=8, tune_loader=False, verbose=False, max_trials=1,
+        sampler_interval_s=None, cost_share=None,
+    )  # fmt: skip
+
+
+def _trainer(callback: MaxThroughputCallback, **kwargs: Any) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[callback], **({"enable_checkpointing": False} | kwargs),
+    )  # fmt: skip
+
+
+def _loader(batch_size: int = 8) -> DataLoader[Any]:
+    return DataLoader(SleepDataset(480, 0.004), batch_size=batch_size, shuffle=True)
+
+
+def _tuned_fit(callback: MaxThroughputCallback, **kwargs: Any) -> tuple[pl.Trainer, dict]:
+    trainer = _trainer(callback, max_epochs=1, **kwargs)
+    trainer.fit(IdModel(), _loader())
+    assert callback.tuning.finished and callback.trials[0].kept, str(callback.tuning)
+    assert callback.loader is not None
+    return trainer, callback.loader.settings()
+
+
+def test_a_second_fit_of_the_same_trainer_keeps_the_tuned_settings() -> None:
+    callback = _callback()
+    trainer, tuned = _tuned_fit(callback)
+    first_loader = callback.loader
+
+    trainer.fit_loop.max_epochs = 2  # continue for another epoch
+    trainer.fit(trainer.lightning_module, _loader())
+
+    tuning = callback.tuning
+    assert not tuning.trials, "nothing to try again: the machine and the loader are the same"
+    assert tuning.stop_reason.startswith("settings tuned earlier on this machine and loader")
+    assert isinstance(callback.loader, SwitchableLoader) and callback.loader is not first_loader
+    assert callback.loader.settings() == tuned
+    assert callback.report.final_windows, "the second fit is measured under those settings"
+    assert {w.context.num_workers for w in callback.report.final_windows} == {tuned["num_workers"]}
+
+
+def test_a_new_trainer_with_the_same_callback_keeps_the_tuned_settings() -> None:
+    callback = _callback()
+    _, tuned = _tuned_fit(callback)
+    _trainer(callback, max_epochs=1).fit(IdModel(), _loader())
+    assert not callback.trials and callback.loader is not None
+    assert callback.loader.settings() == tuned
+
+
+def test_a_resumed_checkpoint_applies_the_tuned_settings_and_a_changed_loader_retunes(
+    tmp_path: Path,
+) -> None:
+    callback = _callback()
+    trainer, tuned = _tuned_fit(callback)
+    ckpt = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(ckpt)
+
+    resumed = _callback()
+    _trainer(resumed, max_epochs=2).fit(IdModel(), _loader(), ckpt_path=ckpt)
+    assert not resumed.trials and resumed.loader is not None
+    assert resumed.loader.settings() == tuned
+    assert resumed.tuning.stop_reason.startswith("settings tuned earlier")
+
+    changed = _callback()
+    _trainer(changed, max_epochs=2).fit(IdModel(), _loader(batch_size=16), ckpt_path=ckpt)
+    assert any("the loader differs (batch_size 8 -> 16)" in n for n in changed.tuning.notes)
+    assert changed.trials, "a different loader is tuned again"
+
+
+def test_validate_test_and_predict_with_the_callback_attached() -> None:
+    callback = _callback()
+    trainer = _trainer(callback, max_epochs=1)
+    model = IdModel()
+    loader = DataLoader(SleepDataset(32, 0.0), batch_size=8)
+    trainer.validate(model, loader)
+    trainer.predict(model, loader)
+    assert callback.loader is None and not callback.trials and not callback.windows
+    assert callback.state_dict() == {}
