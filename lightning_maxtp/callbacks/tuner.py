@@ -87,6 +87,9 @@ class Tuner:
         self.final: list[tuple[Window, tuple[Any, ...]]] = []
         """Windows measured under the settings in force since tuning ended, with diagnoses."""
         self.notes: list[str] = []
+        self.spans: list[tuple[str, float, float]] = []
+        """Blocked spans, ``("blocked", start_s, end_s)`` on the monitor's clock."""
+        self._tuning_span: list[float] = []
         self._drifted = False
         # The knob and the settings it replaced, of the trial under way (or the last one).
         self._last_knob = ""
@@ -145,6 +148,8 @@ class Tuner:
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
             self.monitor.restart_window()
+            if not self._tuning_span:  # the baseline window starts: tuning starts
+                self._tuning_span.append(self.monitor.elapsed_s())
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
@@ -224,8 +229,15 @@ class Tuner:
         return dataclasses.replace(
             report, diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
             knob_changes=tuple(self.knob_changes), notes=(*notes, *self.notes),
-            final_windows=tuple(final), tuning=tuning.to_dict(),
+            final_windows=tuple(final), tuning=tuning.to_dict(), spans=self._spans(),
         )  # fmt: skip
+
+    def _spans(self) -> tuple[tuple[str, float, float], ...]:
+        tuning = self._tuning_span
+        if not tuning:
+            return tuple(self.spans)
+        end = tuning[1] if len(tuning) > 1 else self.monitor.elapsed_s()
+        return (("tuning", tuning[0], end), *self.spans)
 
     def note(self, text: str) -> None:
         """A caveat for the report (said once)."""
@@ -269,7 +281,7 @@ class Tuner:
             self.loader_plan = False
             return None
         self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
-        started = time.perf_counter()
+        started, at = time.perf_counter(), self.monitor.elapsed_s()
         try:
             self.loader_plan = measure_loader(
                 self.source_loader, self.loop.ref, self.config, self.resources,
@@ -282,6 +294,7 @@ class Tuner:
         finally:
             blocked = self.cost.blocked_s + time.perf_counter() - started
             self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
+            self.spans.append(("blocked", at, self.monitor.elapsed_s()))
         return plan_change(self.loader_plan, self.loader.settings())
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
@@ -321,8 +334,10 @@ class Tuner:
         old = self._last_old
         if not trial.kept:
             current = {k: self.loader.settings()[k] for k in old}
-            if current != old:
-                self.loader.request(**old)
+            if current == old:  # ended while re-measuring the original: nothing to undo
+                self.monitor.clock.update_context(**self.loader.settings())
+                return
+            self.loader.request(**old)
             reason = {"reverted": f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}",
                       "undecided": f"undecided: {trial.gain:+.1%} within 2x the noise "
                                    f"({trial.noise or 0:.0%}), the original kept",
@@ -333,6 +348,8 @@ class Tuner:
 
     def _stop(self, reason: str) -> None:
         self.loop.stop(reason)
+        if len(self._tuning_span) == 1:
+            self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps
         self.monitor.window_steps = steps
         self.say(f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "

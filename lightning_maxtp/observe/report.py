@@ -60,6 +60,9 @@ class ThroughputReport:
     for a run nothing tuned). The headline numbers and the diagnoses describe these."""
     tuning: dict[str, Any] | None = None
     """What the closed loop did (``TuningSummary.to_dict()``), when it ran."""
+    spans: tuple[tuple[str, float, float], ...] = ()
+    """``(kind, start_s, end_s)`` on the timeline's clock: ``"tuning"`` (baseline to the end of
+    tuning) and ``"blocked"`` (training waited, e.g. for the loader measured alone)."""
 
     @property
     def in_force(self) -> tuple[Window, ...]:
@@ -103,7 +106,8 @@ class ThroughputReport:
         """The most confident kind of the last window, or ``"unknown"``."""
         return self.diagnoses[0].kind.value if self.diagnoses else "unknown"
 
-    def _rate_text(self) -> str:
+    def rate_text(self) -> str:
+        """The headline rate: per rank and over all ranks under DDP."""
         world = self.in_force[-1].context.world_size if self.in_force else 1
         if world <= 1:
             return f"{self.samples_per_s:.1f} samples/s"
@@ -119,7 +123,7 @@ class ThroughputReport:
             )
         where = "" if self.final_windows is None else " under the final settings"
         lines = [
-            f"maxtp: {self.steps} steps measured{where}, {self._rate_text()}, median step "
+            f"maxtp: {self.steps} steps measured{where}, {self.rate_text()}, median step "
             f"{self.median_step_s * 1e3:.1f} ms, data wait {self.data_wait_share:.0%}; "
             f"bottleneck: {self.bottleneck}"
         ]
@@ -162,6 +166,7 @@ class ThroughputReport:
             "captures": [c.to_dict() for c in self.captures],
             "ranks": list(self.ranks),
             "tuning": self.tuning,
+            "spans": [list(s) for s in self.spans],
             "notes": list(self.notes),
         }
         clean: dict[str, Any] = strict_json(data)
@@ -171,7 +176,7 @@ class ThroughputReport:
         """A readable report: summary, diagnosis with evidence, windows, changes, captures."""
         where = "" if self.final_windows is None else " (under the final settings)"
         md = ["# Throughput report", "", f"**Bottleneck: `{self.bottleneck}`** - "
-              f"{self._rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
+              f"{self.rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
               f" data wait {self.data_wait_share:.0%}{where}", ""]  # fmt: skip
         for d in self.diagnoses:
             md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]

@@ -1,12 +1,124 @@
-"""``timeline.png``: step time and data wait, GPU and CPU utilization over time, knob changes."""
+"""``timeline.png``: what each step took, what the machine did, and when knobs changed.
+
+Made to be looked at: steps are points (a measurement that blocked training is a shaded span,
+not a ramp), the step-time axis ends a little above the 95th percentile so one stall cannot
+flatten the rest (steps above it are marked on the upper edge and counted), the tuning phase is
+shaded apart from the monitoring after it, and knob changes are numbered markers whose
+descriptions are listed under the plots, where they cannot run over each other or the title.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_maxtp.observe.report import ThroughputReport
+
+__all__ = ["plot_timeline"]
+
+_MAX_LISTED = 14
+"""Knob changes listed under the plots; the rest are in ``report.md``."""
+_SPAN_STYLE = {
+    "tuning": {"color": "#f2c14e", "alpha": 0.18},
+    "blocked": {"color": "#888888", "alpha": 0.35, "hatch": "//"},
+}
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _steps(ax: Any, report: ThroughputReport) -> None:
+    """Step time and data wait as points, with a robust y-limit and the outliers marked."""
+    if not report.step_log:
+        ax.text(0.5, 0.5, "no step measured", transform=ax.transAxes, ha="center")
+        return
+    t = [s[0] for s in report.step_log]
+    step = [s[1] * 1e3 for s in report.step_log]
+    wait = [s[2] * 1e3 for s in report.step_log]
+    top = max(1.0, 1.5 * _percentile(step, 0.95))
+    ax.scatter(t, step, s=6, color="#1f77b4", label="step time", zorder=3)
+    ax.scatter(t, wait, s=6, color="#ff7f0e", label="data wait", zorder=3)
+    high = [(x, y) for x, y in zip(t, step, strict=True) if y > top]
+    if high:
+        ax.scatter([x for x, _ in high], [top * 0.985] * len(high), marker="^", s=28,
+                   color="#d62728", zorder=4, label="step above the axis")  # fmt: skip
+        ax.text(0.01, 0.96, f"{len(high)} step(s) above {top:.0f} ms (longest "
+                f"{max(y for _, y in high) / 1e3:.1f} s)", transform=ax.transAxes, va="top",
+                fontsize=8, color="#d62728")  # fmt: skip
+    ax.set_ylim(0, top)
+    ax.set_ylabel("ms per step")
+
+
+def _machine(ax: Any, report: ThroughputReport) -> None:
+    tl = report.timeline
+    series = (("GPU util %", tl.gpu_util_percent), ("main CPU %", tl.main_cpu_percent),
+              ("workers CPU %", tl.worker_cpu_percent))  # fmt: skip
+    peak = 100.0
+    for label, values in series:
+        if values:
+            ax.plot(tl.t_s[-len(values) :], values, lw=1, label=label)
+            peak = max(peak, _percentile(list(values), 0.99) * 1.1)
+    ax.set_ylim(0, peak)
+    ax.set_ylabel("% (100 = one core, full GPU)", fontsize=8)
+    ax.set_xlabel("seconds since the fit started")
+
+
+def _spans(axes: list[Any], report: ThroughputReport, end: float) -> None:
+    """Shade tuning and blocked time; label the phases inside the top plot."""
+    top = axes[0]
+    tuning = [s for s in report.spans if s[0] == "tuning"]
+    for kind, start, stop in report.spans:
+        for ax in axes:
+            ax.axvspan(start, stop, lw=0, zorder=1, **_SPAN_STYLE.get(kind, {}))
+        if kind == "blocked":
+            top.text((start + stop) / 2, 0.5, f"loader measured alone\n{stop - start:.1f} s",
+                     transform=top.get_xaxis_transform(), ha="center", va="center",
+                     fontsize=7, color="#444444", zorder=5)  # fmt: skip
+    for _, start, stop in tuning:
+        label = {"fontsize": 8, "va": "bottom", "transform": top.get_xaxis_transform(),
+                 "bbox": {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}}  # fmt: skip
+        top.text(start, 0.02, "tuning", color="#8a6d00", **label)
+        if stop < end:
+            top.text(stop, 0.02, "monitoring", color="#2b6b2b", **label)
+
+
+def _levels(xs: list[float], span: float, gap: float = 0.022) -> list[int]:
+    """A row for each marker so that markers closer than ``gap`` of the axis never overlap."""
+    last: list[float] = []  # the x of the last marker in each row
+    rows = []
+    for x in xs:
+        row = next((r for r, at in enumerate(last) if (x - at) / span >= gap), len(last))
+        if row == len(last):
+            last.append(x)
+        last[row] = x
+        rows.append(row)
+    return rows
+
+
+def _changes(axes: list[Any], listing: Any, report: ThroughputReport, span: float) -> None:
+    """Numbered markers on the plots; their descriptions in the listing under them."""
+    top = axes[0]
+    lines = []
+    times = [c.t_s for c in report.knob_changes]
+    for i, (change, row) in enumerate(
+        zip(report.knob_changes, _levels(times, span), strict=True), 1
+    ):
+        for ax in axes:
+            ax.axvline(change.t_s, color="#555555", ls="--", lw=0.8, zorder=2)
+        top.text(change.t_s, 1.03 + 0.09 * row, str(i), transform=top.get_xaxis_transform(),
+                 ha="center", va="bottom", fontsize=7,
+                 bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": "#555555"})  # fmt: skip
+        if i <= _MAX_LISTED:
+            lines.append(f"{i:>2}  t={change.t_s:6.1f} s  {change.knob}: {change.old} -> "
+                         f"{change.new}  ({change.reason})")  # fmt: skip
+    if len(report.knob_changes) > _MAX_LISTED:
+        lines.append(f"    ... {len(report.knob_changes) - _MAX_LISTED} more in report.md")
+    listing.axis("off")
+    text = "\n".join(line[:150] for line in lines) or "no knob changed"
+    listing.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=7)
 
 
 def plot_timeline(report: ThroughputReport, path: Path) -> None:
@@ -20,32 +132,24 @@ def plot_timeline(report: ThroughputReport, path: Path) -> None:
     matplotlib.use("Agg", force=False)  # no display needed; never opens a window
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    if report.step_log:
-        t = [s[0] for s in report.step_log]
-        top.plot(t, [s[1] * 1e3 for s in report.step_log], label="step time", lw=1)
-        top.plot(t, [s[2] * 1e3 for s in report.step_log], label="data wait", lw=1)
-    top.set_ylabel("ms")
-    top.set_title(f"bottleneck: {report.bottleneck} - {report.samples_per_s:.1f} samples/s")
-    tl = report.timeline
-    if tl.gpu_util_percent:
-        bottom.plot(tl.t_s[-len(tl.gpu_util_percent) :], tl.gpu_util_percent, label="GPU util %")
-    if tl.main_cpu_percent:
-        bottom.plot(tl.t_s[-len(tl.main_cpu_percent) :], tl.main_cpu_percent, label="main CPU %")
-    if tl.worker_cpu_percent:
-        bottom.plot(
-            tl.t_s[-len(tl.worker_cpu_percent) :], tl.worker_cpu_percent, label="workers CPU %"
-        )
-    bottom.set_ylabel("percent (100 = one core / full GPU)")
-    bottom.set_xlabel("seconds since start")
-    for change in report.knob_changes:
-        for ax in (top, bottom):
-            ax.axvline(change.t_s, color="gray", ls="--", lw=1)
-        top.annotate(f"{change.knob}: {change.old}->{change.new}", (change.t_s, 0),
-                     xycoords=("data", "axes fraction"), rotation=90, fontsize=7)  # fmt: skip
+    listed = min(len(report.knob_changes), _MAX_LISTED + 1)
+    fig = plt.figure(figsize=(11, 6.2 + 0.14 * listed))
+    grid = fig.add_gridspec(3, 1, height_ratios=[3, 1.8, 0.35 + 0.22 * listed], hspace=0.35)
+    top = fig.add_subplot(grid[0])
+    bottom = fig.add_subplot(grid[1], sharex=top)
+    listing = fig.add_subplot(grid[2])
+    _steps(top, report)
+    _machine(bottom, report)
+    ends = [s[0] for s in report.step_log] + list(report.timeline.t_s)
+    end = max(ends) if ends else 0.0
+    _spans([top, bottom], report, end)
+    start = min(ends) if ends else 0.0
+    _changes([top, bottom], listing, report, max(end - start, 1e-6))
+    where = "" if report.final_windows is None else " under the final settings"
+    fig.suptitle(f"bottleneck: {report.bottleneck} - {report.rate_text()}{where}",
+                 fontsize=11)  # fmt: skip
     for ax in (top, bottom):
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+            ax.legend(loc="upper right", fontsize=7, framealpha=0.85, markerscale=1.5)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

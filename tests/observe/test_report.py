@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import sys
@@ -12,7 +13,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_maxtp.callbacks import BottleneckMonitor
-from lightning_maxtp.observe import KnobChange, ThroughputReport
+from lightning_maxtp.observe import JobContext, KnobChange, SamplerSeries, ThroughputReport, Window
 from tests.helpers import planted
 
 
@@ -66,3 +67,33 @@ def test_report_without_matplotlib_writes_json_and_markdown_with_a_note(
     md = (tmp_path / "report.md").read_text()
     assert "- t=1.5s num_workers: 0 -> 2 measured" in md
     assert "install the `plot` extra" in md
+
+
+def test_timeline_markers_never_share_a_row_closer_than_the_gap() -> None:
+    from lightning_maxtp.observe.timeline import _levels
+
+    times = [0.0, 0.1, 0.2, 5.0, 5.05, 5.1, 9.0]
+    rows = _levels(times, span=10.0)
+    assert rows == [0, 1, 2, 0, 1, 2, 0]
+    for row in set(rows):
+        xs = [t for t, r in zip(times, rows, strict=True) if r == row]
+        assert all(b - a >= 0.22 for a, b in itertools.pairwise(xs))
+
+
+def test_timeline_draws_blocked_spans_stalls_and_many_changes(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    steps = [(0.1 * i, 0.02, 0.01) for i in range(1, 60)] + [(8.5, 3.0, 2.9)]  # one 3 s stall
+    changes = tuple(
+        KnobChange(0.5 + 0.01 * i, "num_workers", i, i + 1, "trying") for i in range(20)
+    )
+    window = Window(step_time_s=(0.02,) * 5, data_wait_s=(0.01,) * 5, samples=(8,) * 5,
+                    sampler=SamplerSeries(), context=JobContext())  # fmt: skip
+    report = ThroughputReport(
+        windows=(window,), diagnoses=(), step_log=tuple(steps), knob_changes=changes,
+        spans=(("tuning", 0.1, 6.0), ("blocked", 5.5, 8.5)),
+    )  # fmt: skip
+    written = report.write(tmp_path)
+    assert written["timeline.png"].stat().st_size > 10_000
+    assert json.loads((tmp_path / "report.json").read_text())["spans"] == [
+        ["tuning", 0.1, 6.0], ["blocked", 5.5, 8.5],
+    ]  # fmt: skip
