@@ -12,7 +12,7 @@ the fit's wall-clock is set against the estimate at the baseline rate: the net e
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -77,6 +77,15 @@ class TuningCost:
         if self.fit_s is None or self.step_s is None or self.steps_run <= 0:
             return None
         return self.fit_s / (self.step_s * self.steps_run)
+
+    def budgeted(self, baseline: Window, batches: float, share: float | None) -> TuningCost:
+        """With the baseline's step time, the fit's expected batches and the budget they give."""
+        step = capped_s(baseline) / baseline.steps if baseline.steps else None
+        cost = replace(self, step_s=step, batches=batches)
+        expected = cost.expected_fit_s
+        return replace(
+            cost, budget_s=None if share is None or expected is None else share * expected
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view, with the derived numbers."""

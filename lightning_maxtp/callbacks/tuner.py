@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.carry import carried_settings, loader_key, machine_key, state
-from lightning_maxtp.callbacks.cost import TuningCost, capped_s
+from lightning_maxtp.callbacks.cost import TuningCost
 from lightning_maxtp.callbacks.loader_trial import measure_loader, plan_change
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
@@ -180,11 +180,7 @@ class Tuner:
             batches = float(trainer.estimated_stepping_batches) * trainer.accumulate_grad_batches
         except Exception:  # an unsized loader or a strategy Lightning cannot ask: no estimate
             batches = math.inf
-        step = capped_s(baseline) / baseline.steps if baseline.steps else None
-        cost = dataclasses.replace(self.cost, step_s=step, batches=batches)
-        share, expected = self.config.cost_share, cost.expected_fit_s
-        budget = None if share is None or expected is None else share * expected
-        self.cost = dataclasses.replace(cost, budget_s=budget)
+        self.cost = self.cost.budgeted(baseline, batches, self.config.cost_share)
 
     def end(self) -> None:
         """The fit ended: a trial under way is recorded as unfinished and its settings undone."""
