@@ -9,8 +9,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+import lightning.pytorch  # noqa: F401  (see below)
 import psutil
 import pytest
+
+# Importing lightning sets TORCHINDUCTOR_CACHE_DIR and PYTORCH_NVML_BASED_CUDA_CHECK; imported
+# here, before any test, so the first test that happens to import it is not failed for a leak.
 
 _GRACE_S = 10.0
 

@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.window import JobContext
+from lightning_maxtp.resources.probe import workers_per_process
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -72,7 +73,8 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             from lightning_maxtp.resources.probe import inspect_resources
 
             resources = inspect_resources()
-        ctx["cpu_worker_budget"] = resources.advice.cpu_workers_per_process
+        # The ranks this node runs share its CPUs (Lightning's CPU DDP sets no LOCAL_WORLD_SIZE).
+        ctx["cpu_worker_budget"] = workers_per_process(resources.cpu, trainer.num_devices)
         used = set(trainer.device_ids) if device.type == "cuda" else set()
         ctx["unused_free_gpus"] = tuple(i for i in resources.advice.free_gpus if i not in used)
     except Exception as err:  # the probe is advisory; the measurements stand without it

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
+from lightning_maxtp.resources.probe import workers_per_process
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -22,17 +23,20 @@ if TYPE_CHECKING:
 __all__ = ["measure_loader", "plan_change", "plan_line"]
 
 
-def plan_line(config: TuningConfig, resources: Resources, world_size: int) -> str:
+def plan_line(
+    config: TuningConfig, resources: Resources, world_size: int, local_ranks: int = 1
+) -> str:
     """The rank-zero summary printed before training: the machine and what the loop will do."""
     gpus = ", ".join(g.name or f"GPU {g.index}" for g in resources.gpus) or "none"
     own = config.max_workers
-    budget = own if own is not None else resources.advice.cpu_workers_per_process
+    budget = own if own is not None else workers_per_process(resources.cpu, local_ranks)
     raised = (
         "" if own is not None else f" (up to {IO_WORKER_FACTOR}x for loading that waits on reads)"
     )
     return (
-        f"plan: {resources.cpu.effective} usable CPUs, worker budget {budget} per process"
-        f"{raised}, GPUs: {gpus}; world size {world_size}. Warm up {config.warmup_steps} steps, "
+        f"plan: {resources.cpu.effective} usable CPUs shared by {local_ranks} rank(s) on this "
+        f"node, worker budget {budget} per rank{raised}, GPUs: {gpus}; world size "
+        f"{world_size}. Warm up {config.warmup_steps} steps, "
         f"baseline {config.window_steps} steps, then one loader knob at a time (kept if >= "
         f"{config.min_gain:.0%} faster), at most {config.max_trials} trials / "
         f"{config.time_budget_s:.0f} s; batch size "
@@ -47,6 +51,7 @@ def measure_loader(
     resources: Resources | None,
     *,
     time_budget_s: float | None = None,
+    local_ranks: int | None = None,
 ) -> LoaderPlan:
     """``tune_dataloader`` on the user's loader against the window's consumption rate.
 
@@ -60,7 +65,7 @@ def measure_loader(
     return tune_dataloader(
         loader, consumption_rate=rate if rate > 0 else None,
         time_budget_s=config.loader_time_budget_s if time_budget_s is None else time_budget_s,
-        max_workers=config.max_workers,
+        max_workers=config.max_workers, local_world_size=local_ranks,
         pin_memory=window.context.device_type == "cuda", resources=resources,
     )  # fmt: skip
 

@@ -190,7 +190,7 @@ class MaxThroughputCallback(Callback):
         resources = inspect_resources()
         self.tuner = Tuner(
             self.config, self.monitor, resources, verbose=self.verbose, carried=self._carried,
-            world_size=trainer.world_size,
+            world_size=trainer.world_size, local_ranks=trainer.num_devices,
         )  # fmt: skip
         self.monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
@@ -203,7 +203,9 @@ class MaxThroughputCallback(Callback):
 
         private.install_dataloader_transform(trainer, transform)
         if self.verbose:
-            rank_zero_info(plan_line(self.config, resources, trainer.world_size))
+            rank_zero_info(
+                plan_line(self.config, resources, trainer.world_size, trainer.num_devices)
+            )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

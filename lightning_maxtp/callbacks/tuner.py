@@ -58,6 +58,7 @@ class Tuner:
         carried: Settings tuned earlier (the callback's checkpoint state, or its last fit's),
             applied at once when the machine and the loader match (``carry``).
         world_size: Ranks of the fit (part of what the settings were tuned on).
+        local_ranks: Ranks on this node, sharing its CPUs, RAM and ``/dev/shm``.
     """
 
     def __init__(
@@ -69,9 +70,11 @@ class Tuner:
         verbose: bool,
         carried: dict[str, Any] | None = None,
         world_size: int = 1,
+        local_ranks: int = 1,
     ) -> None:
         self.config, self.monitor, self.resources = config, monitor, resources
-        self.verbose, self.carried, self.world_size = verbose, carried, world_size
+        self.verbose, self.carried = verbose, carried
+        self.world_size, self.local_ranks = world_size, local_ranks
         self.loop = TuningLoop(
             warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
             min_gain=config.min_gain, max_trials=config.max_trials,
@@ -281,7 +284,7 @@ class Tuner:
         try:
             self.loader_plan = measure_loader(
                 self.source_loader, self.loop.ref, self.config, self.resources,
-                time_budget_s=seconds,
+                time_budget_s=seconds, local_ranks=self.local_ranks,
             )  # fmt: skip
         except Exception as err:  # advisory: the diagnosis loop still runs without it
             self.note(f"tune_dataloader failed, skipped: {err!r}")

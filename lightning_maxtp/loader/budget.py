@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.resources.probe import workers_per_process
+
 if TYPE_CHECKING:
     from lightning_maxtp.loader.candidate import SearchResult
     from lightning_maxtp.resources.probe import Resources
@@ -51,8 +53,8 @@ def limits_from(
     env = os.environ.get("LOCAL_WORLD_SIZE", "")
     if ranks is None:
         ranks = int(env) if env.isdigit() and int(env) > 0 else res.advice.device_processes
-    probe_workers = max(0, (res.cpu.effective - ranks) // ranks)
-    source = f"probe: {res.cpu.effective} CPUs, {ranks} device process(es) on this node"
+    probe_workers = workers_per_process(res.cpu, ranks)
+    source = f"probe: {res.cpu.effective} CPUs shared by {ranks} rank(s) on this node"
     avail, shm_free = res.memory.effective_available_bytes, res.memory.shm_free_bytes
     memory = memory_budget_bytes
     if memory is None and avail is not None:

@@ -151,8 +151,9 @@ def storage(window: Window) -> list[Recommendation]:
     budget = ctx.cpu_worker_budget
     proposed = max(2 * workers, workers + 2)
     if budget is not None:
-        # Waiting workers use little CPU, so the cap is a multiple of the CPU budget.
-        proposed = min(proposed, max(th.IO_WORKER_FACTOR * budget, workers))
+        # Waiting workers use little CPU, so the cap is a multiple of the CPU budget, of one
+        # worker's at least (ranks that take every core still have room for reads in flight).
+        proposed = min(proposed, max(th.IO_WORKER_FACTOR * max(budget, 1), workers))
     recs: list[Recommendation] = []
     if proposed > workers:
         reason = "workers wait on reads: more reads in flight hide latency"

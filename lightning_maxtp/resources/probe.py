@@ -24,7 +24,15 @@ from lightning_maxtp._units import GIB, format_bytes
 from lightning_maxtp.resources.gpus import GpuInfo, GpuProcess, probe_gpus
 from lightning_maxtp.resources.host import CpuInfo, MemoryInfo, probe_cpus, probe_memory
 
-__all__ = ["CpuInfo", "GpuInfo", "GpuProcess", "MemoryInfo", "Resources", "inspect_resources"]
+__all__ = [
+    "CpuInfo",
+    "GpuInfo",
+    "GpuProcess",
+    "MemoryInfo",
+    "Resources",
+    "inspect_resources",
+    "workers_per_process",
+]
 
 FREE_GPU_MAX_USED_FRACTION = 0.05
 """A GPU with more than this share of its memory in use is not "free", even without processes
@@ -177,8 +185,16 @@ def derive_advice(cpu: CpuInfo, gpus: tuple[GpuInfo, ...]) -> Advice:
         else:
             busy.append(BusyGpu(gpu.index, reason))
     processes = max(1, len(free))
-    workers = max(0, (cpu.effective - processes) // processes)
-    return Advice(tuple(free), tuple(busy), processes, workers)
+    return Advice(tuple(free), tuple(busy), processes, workers_per_process(cpu, processes))
+
+
+def workers_per_process(cpu: CpuInfo, processes: int) -> int:
+    """DataLoader workers each of ``processes`` device processes (ranks on a node) may start.
+
+    ``(effective CPUs - processes) // processes``: one main thread per process stays free.
+    """
+    ranks = max(1, processes)
+    return max(0, (cpu.effective - ranks) // ranks)
 
 
 def _busy_reason(gpu: GpuInfo) -> str | None:

@@ -55,7 +55,7 @@ from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, inspect_reso
 from lightning_maxtp.strategy.build import build_strategy, devices_flag
 from lightning_maxtp.strategy.devices import Devices
 from lightning_maxtp.strategy.memory import PRECISION_BYTES, estimate_memory
-from lightning_maxtp.strategy.model_size import ModelSize
+from lightning_maxtp.strategy.model_size import ModelSize, optimizer_name
 from lightning_maxtp.strategy.plan import StrategyPlan, plan_strategy
 
 if TYPE_CHECKING:
@@ -80,9 +80,10 @@ class AutoMaxTP(DDPStrategy):
     to set arguments: ``Trainer(strategy=AutoMaxTP(optimizer="sgd"))``.
 
     Args:
-        optimizer: The optimizer the model uses, for the memory estimate (``"adam"``,
-            ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``, ... or states per parameter). The
-            default assumes Adam, the most common and the largest.
+        optimizer: The optimizer the model uses, for the memory estimate: ``"auto"`` reads it
+            from ``configure_optimizers()`` (Adam, the most common and the largest, when it
+            cannot), or ``"adam"``, ``"adamw"``, ``"sgd"``, ``"sgd_momentum"``, ... or the
+            number of states per parameter.
         activation_bytes: Measured activation memory per device; ``None`` estimates it.
         num_params: Parameter count to plan with, for models whose parameters a
             ``configure_model`` hook creates (they do not exist when the plan is made).
@@ -102,7 +103,7 @@ class AutoMaxTP(DDPStrategy):
     def __init__(
         self,
         *,
-        optimizer: str | int = "adam",
+        optimizer: str | int = "auto",
         activation_bytes: int | None = None,
         num_params: int | None = None,
         headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
@@ -112,7 +113,8 @@ class AutoMaxTP(DDPStrategy):
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(**ddp_kwargs)
-        estimate_memory(0, optimizer=optimizer, activation_bytes=activation_bytes)  # validates
+        checked = "adam" if optimizer == "auto" else optimizer
+        estimate_memory(0, optimizer=checked, activation_bytes=activation_bytes)  # validates
         if num_params is not None:
             ModelSize.from_count(num_params)  # validates
         if headroom_bytes < 0:
@@ -195,13 +197,23 @@ class AutoMaxTP(DDPStrategy):
             visible = [g.index for g in resources.gpus]
             devices = indices if external else devices_flag(indices, visible)
         plan = plan_strategy(
-            resources, size, precision=precision, optimizer=self._optimizer,
+            resources, size, precision=precision, optimizer=self._optimizer_of(model),
             activation_bytes=self._activation_bytes, training=training,
             accelerator=accelerator, devices=devices, num_nodes=self.num_nodes,
             headroom_bytes=self._headroom_bytes, memory_budget_bytes=self._memory_budget_bytes,
             memory_basis="total" if external else "free", cpu_offload=self._cpu_offload,
         )  # fmt: skip
         return plan, fingerprint
+
+    def _optimizer_of(self, model: pl.LightningModule | None) -> str | int:
+        if self._optimizer != "auto":
+            return self._optimizer
+        name, why = optimizer_name(model) if model is not None else (None, "no model yet")
+        if name is None:
+            rank_zero_warn(f"optimizer state sized as Adam's (2 per parameter): {why}; pass "
+                           "AutoMaxTP(optimizer=...) to size it exactly")  # fmt: skip
+            return "adam"
+        return name
 
     def _accelerator_name(self) -> Literal["cpu", "cuda"]:
         if isinstance(self.accelerator, CPUAccelerator):

@@ -118,3 +118,45 @@ def _count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return str(n)
+
+
+_OPTIMIZER_NAMES = (("AdamW", "adamw"), ("Adam", "adam"), ("RMSprop", "rmsprop"),
+                    ("Adagrad", "adagrad"), ("SGD", "sgd"))  # fmt: skip
+"""Optimizer classes (or a base class in their MRO) and their ``OPTIMIZER_STATES`` names."""
+
+
+def optimizer_name(model: Any) -> tuple[str | None, str]:
+    """The optimizer ``model.configure_optimizers()`` returns, as an ``OPTIMIZER_STATES`` name.
+
+    The result is only read (its optimizers hold no state until they step); Lightning calls
+    ``configure_optimizers`` again when it sets the model up.
+
+    Returns:
+        ``(name, why)``: the name, or ``None`` with why it could not be read.
+    """
+    try:
+        found = model.configure_optimizers()
+    except Exception as err:  # it may need what only Lightning's setup provides
+        return None, f"configure_optimizers() could not be called yet ({type(err).__name__})"
+    stack, optimizers = [found], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.append(item.get("optimizer"))
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif hasattr(item, "param_groups") and hasattr(item, "step"):
+            optimizers.append(item)
+    names = []
+    for opt in optimizers:
+        mro = [c.__name__ for c in type(opt).__mro__]
+        name = next((n for cls, n in _OPTIMIZER_NAMES if cls in mro), None)
+        if name == "sgd" and any(g.get("momentum", 0) for g in opt.param_groups):
+            name = "sgd_momentum"
+        if name is None:
+            return None, f"{type(opt).__name__} is not in the memory table"
+        names.append(name)
+    if not names:
+        return None, "configure_optimizers() returned no optimizer"
+    states = {"adamw": 2, "adam": 2, "rmsprop": 1, "adagrad": 1, "sgd_momentum": 1, "sgd": 0}
+    return max(names, key=lambda n: states[n]), "read from configure_optimizers()"

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from lightning_maxtp.callbacks import MaxThroughputCallback
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.loader.switchable import SwitchableLoader
+from lightning_maxtp.resources import inspect_resources
 from tests.helpers.loader_data import SleepDataset
 from tests.helpers.models import IdModel
 
@@ -219,7 +220,8 @@ trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
                      enable_model_summary=False, callbacks=[cb])
 trainer.fit(model, DataLoader(SleepDataset(256, 0.004), batch_size=8, shuffle=True))
 out = {{"trials": [(t.knob, t.new, t.kept) for t in cb.trials],
-       "settings": cb.loader.settings(), "ids": model.ids}}
+       "settings": cb.loader.settings(), "ids": model.ids,
+       "budget": cb.windows[0].context.cpu_worker_budget}}
 with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
     json.dump(out, f)
 """
@@ -235,6 +237,9 @@ def test_ddp_ranks_apply_the_same_decisions(tmp_path: Path) -> None:
     assert ranks[0]["settings"] == ranks[1]["settings"]
     assert ranks[0]["trials"][0][:1] == ["num_workers"]
     assert sorted(ranks[0]["ids"] + ranks[1]["ids"]) == list(range(256))
+    # Lightning's CPU DDP sets no LOCAL_WORLD_SIZE: the budget still divides by the 2 ranks.
+    cpus = inspect_resources().cpu.effective
+    assert ranks[0]["budget"] == ranks[1]["budget"] == max(0, (cpus - 2) // 2)
 
 
 def test_loader_plan_is_measured_against_the_consumption_rate_and_tried_first() -> None:

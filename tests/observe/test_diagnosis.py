@@ -296,3 +296,13 @@ def test_vram_without_nvml_reads_the_allocator_against_the_device_total() -> Non
     top = diagnose(window(100, 1, sampler=sampler, context=H200))[0]
     assert top.kind is BottleneckKind.VRAM
     assert top.evidence["memory_peak_share"] == round(130 / 140, 3)
+
+
+def test_storage_gets_reads_in_flight_even_when_ranks_take_every_core() -> None:
+    # Two DDP ranks on two CPUs: the CPU budget is 0 workers, but waiting workers use little CPU.
+    sampler = SamplerSeries(iowait_percent=(35.0,) * 5, system_cpu_percent=(20.0,) * 5)
+    ctx = JobContext(num_workers=0, cpu_worker_budget=0)
+    found = diagnose(window(100, 90, wait_cpu=0.05, sampler=sampler, context=ctx))
+    storage = next(d for d in found if d.kind is BottleneckKind.STORAGE)
+    (workers,) = [r for r in storage.recommendations if r.knob == "num_workers"]
+    assert (workers.current, workers.proposed, workers.auto_apply) == (0, 2, True)

@@ -176,6 +176,9 @@ def test_registered_name_trains_on_a_single_device(caplog: pytest.LogCaptureFixt
     assert len(lines) == 1
     assert lines[0].startswith("maxtp: strategy: single device on 1 CPU process.")
     assert "18 params (18 trainable), 32-true" in lines[0]
+    # Given by name, the strategy reads the optimizer from configure_optimizers: plain SGD
+    # keeps no state, so no "adam state" is sized.
+    assert "sgd" in lines[0] and "adam" not in lines[0], lines[0]
 
 
 def test_instance_arguments_reach_the_plan() -> None:
@@ -328,3 +331,33 @@ def test_real_gpu_single_device_fit() -> None:
     assert trainer.strategy.root_device.type == "cuda" and trainer.global_step == 3
     assert strategy.plan is not None and strategy.plan.accelerator == "cuda"
     assert strategy.plan.budget_bytes is not None and strategy.plan.fits
+
+
+def test_the_optimizer_is_read_from_configure_optimizers() -> None:
+    import torch
+    from torch import nn
+
+    from lightning_maxtp.strategy.model_size import optimizer_name
+
+    class Model(nn.Module):
+        def __init__(self, make: Any) -> None:
+            super().__init__()
+            self.layer, self.make = nn.Linear(4, 4), make
+
+        def configure_optimizers(self) -> Any:
+            return self.make(self.parameters())
+
+    sgd = Model(lambda p: torch.optim.SGD(p, lr=0.1))
+    momentum = Model(lambda p: {"optimizer": torch.optim.SGD(p, lr=0.1, momentum=0.9)})
+    adamw = Model(lambda p: ([torch.optim.AdamW(p)], []))
+    assert optimizer_name(sgd)[0] == "sgd"
+    assert optimizer_name(momentum)[0] == "sgd_momentum"
+    assert optimizer_name(adamw)[0] == "adamw"
+    name, why = optimizer_name(Model(torch.optim.LBFGS))
+    assert name is None and why == "LBFGS is not in the memory table"
+
+    def needs_setup(p: Any) -> Any:
+        raise RuntimeError("trainer not attached")
+
+    name, why = optimizer_name(Model(needs_setup))
+    assert name is None and "could not be called yet (RuntimeError)" in why
