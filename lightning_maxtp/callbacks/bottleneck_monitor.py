@@ -23,10 +23,12 @@ from lightning_maxtp._log import prefixed, rank_zero_info
 from lightning_maxtp.callbacks.metrics import window_metrics
 from lightning_maxtp.callbacks.ranks import RankSpread
 from lightning_maxtp.callbacks.step_clock import StepClock
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe.capture import CAPTURE_MODES, CaptureMode, KernelCapture
 from lightning_maxtp.observe.diagnosis import Diagnosis, diagnose, needs_capture
 from lightning_maxtp.observe.report import ThroughputReport
+from lightning_maxtp.observe.status import remove_status, write_status
 from lightning_maxtp.observe.thresholds import MIN_STEPS
 from lightning_maxtp.observe.window import CaptureSummary, Window
 
@@ -159,7 +161,22 @@ class BottleneckMonitor(Callback):
         elif wants and not self.captures and self._capture is None:
             self._capture_armed = True
         self._log(trainer, window, found)
+        self._publish(window, found)
         return found
+
+    def _publish(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
+        """This process's live status for ``maxtp triage --pid`` (see ``observe.status``)."""
+        ctx = window.context
+        settings = {k: getattr(ctx, k, None) for k in LOADER_KNOBS} if ctx is not None else {}
+        top = found[0] if found else None
+        write_status({
+            "first_step": window.first_step, "steps": window.steps,
+            "step_time_s": window.median_step_s, "data_wait_share": window.data_wait_share,
+            "samples_per_s": window.samples_per_s, "settings": settings,
+            "bottleneck": top.kind.value if top else None,
+            "confidence": top.confidence if top else None,
+            "summary": top.summary if top else None,
+        })  # fmt: skip
 
     def _record(self, trainer: pl.Trainer, window: Window) -> None:
         self.record(trainer, window)
@@ -219,6 +236,7 @@ class BottleneckMonitor(Callback):
         if self.clock.closed == self._fit_first_window:  # a fit shorter than one window
             self.clock.close_window(trainer, min_steps=MIN_STEPS)
         self.clock.on_train_end(trainer, pl_module)
+        remove_status()
         self._report = self.build_report()
         if trainer.is_global_zero:
             if self.verbose:
@@ -231,6 +249,7 @@ class BottleneckMonitor(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.clock.on_exception(trainer, pl_module, exception)
+        remove_status()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

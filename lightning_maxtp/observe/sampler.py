@@ -150,6 +150,28 @@ class ProcessCpuSource:
         return out
 
 
+class MainThreadSource:
+    """Whether a process's main thread is running (or runnable) rather than blocked.
+
+    ``/proc/<pid>/stat`` gives the state of the thread group leader: ``R`` running or
+    runnable; ``S``/``D`` blocked (a training loop waiting on its workers' queue sleeps there,
+    while its thread pools may still spin). ``main_thread_running`` is 1 or 0 per reading;
+    its mean is the share of readings the main thread worked.
+    """
+
+    name = "main thread"
+
+    def __init__(self, pid: int) -> None:
+        self._path = f"/proc/{pid}/stat"
+        self.read()  # fails now (no /proc, no such process) rather than while sampling
+
+    def read(self) -> Reading:
+        """``main_thread_running``: 1.0 when the main thread is running or runnable."""
+        with open(self._path, encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return {"main_thread_running": 1.0 if state == "R" else 0.0}
+
+
 class SystemSource:
     """Machine-wide CPU, I/O wait, disk read rate and available RAM."""
 

@@ -39,6 +39,9 @@ IOWAIT_HIGH = 10.0
 CPU_COMPUTE_BUSY = 0.60
 """CPU device: the main process uses at least this share of its intra-op threads while
 computing (torch's ops run in parallel), so the step is bound by CPU compute."""
+MAIN_THREAD_WAITING = 0.40
+"""``maxtp triage``: a main thread running in fewer than this share of readings mostly waits
+(for its loader's workers or reads), whatever its thread pools' CPU use says."""
 MAIN_THREAD_BUSY = 0.80
 """The main process uses at least this share of one core: its Python thread is CPU-bound
 (per-step framework overhead, launches). Source: the seeds' triage ("main thread at 100 %")."""

@@ -1,8 +1,12 @@
 """``maxtp triage``: sample any running process tree (or the machine) and name its bottleneck.
 
-Unlike the in-fit monitor there is no step clock here, so the data wait is unknown: the class is
-read from utilization alone (the seeds' quick triage): GPU utilization and memory (NVML), CPU of
-the process and of its children separately, I/O wait. No torch or lightning import.
+When the job runs a monitor, it publishes a live status (``observe.status``): step time, data
+wait, loader settings and its own diagnosis, which triage reads first (trusted only when it is
+the target user's file naming the target pid). Otherwise there is no step clock, so the data
+wait is unknown: the class is read from what can be seen from outside (the seeds' quick
+triage): GPU utilization and memory (NVML), CPU of the process and of its children separately,
+I/O wait, and whether the main thread works or waits (``/proc``: a loop waiting on its workers'
+queue sleeps, even while its thread pools spin). No torch or lightning import.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import psutil
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, Recommendation
+from lightning_maxtp.observe.status import read_status
 
 __all__ = ["TriageResult", "classify", "triage"]
 
@@ -56,6 +61,10 @@ class TriageResult:
     duration_s: float
     evidence: dict[str, Any]
     diagnoses: tuple[Diagnosis, ...]
+    source: str = "sampled"
+    """``"job status"`` when the job's own monitor named the bottleneck, else ``"sampled"``."""
+    status_note: str = ""
+    """Whether a live status was found and trusted, and why."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -64,6 +73,9 @@ class TriageResult:
             "duration_s": self.duration_s,
             "evidence": dict(self.evidence),
             "bottleneck": self.diagnoses[0].kind.value,
+            "confidence": self.diagnoses[0].confidence,
+            "source": self.source,
+            "status_note": self.status_note,
             "diagnoses": [d.to_dict() for d in self.diagnoses],
         }
 
@@ -71,7 +83,9 @@ class TriageResult:
         target = "the whole machine" if self.pid is None else f"process tree of pid {self.pid}"
         lines = [f"sampled {target} for {self.duration_s:.1f} s"]
         lines += [f"  {k}: {v}" for k, v in self.evidence.items() if v is not None]
-        lines += ["", f"bottleneck: {self.diagnoses[0]}"]
+        if self.status_note:
+            lines.append(f"  status: {self.status_note}")
+        lines += ["", f"bottleneck: {self.diagnoses[0]}", f"  named from: {self.source}"]
         lines += [f"also possible: {d.kind.value} ({d.confidence:.2f})" for d in self.diagnoses[1:]]
         return "\n".join(lines)
 
@@ -106,6 +120,9 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
         cpu_budget: DataLoader workers a job may start here (for the worker recommendation).
     """
     ev = evidence
+    waiting = _waiting(ev)
+    if waiting is not None:
+        return [waiting]
     util, mem = ev.get("gpu_util_percent"), ev.get("gpu_memory_share")
     main, wsum, workers = _busy(ev, "main"), _busy(ev, "worker"), ev.get("workers")
     iowait = ev.get("iowait_percent") or 0.0
@@ -158,6 +175,33 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
     ]  # fmt: skip
 
 
+def _waiting(ev: dict[str, Any]) -> Diagnosis | None:
+    """A main thread that mostly waits on its workers: busy (data pipeline) or idle (reads).
+
+    Without workers a sleeping main thread may wait on anything, so nothing is concluded.
+    """
+    running, util = ev.get("main_thread_running_share"), ev.get("gpu_util_percent")
+    if running is None or running >= th.MAIN_THREAD_WAITING:
+        return None
+    if util is not None and util >= th.GPU_UTIL_BUSY:
+        return None  # a busy GPU: the host may block in a device sync, not on data
+    workers, wsum = ev.get("workers") or 0, _busy(ev, "worker")
+    if not workers:  # no loader workers: a sleeping main thread may wait on anything
+        return None
+    per_worker = wsum / workers / 100 if wsum is not None else None
+    confidence = round(min(0.9, 0.5 + (th.MAIN_THREAD_WAITING - running)), 2)
+    waits = f"the main thread waits {1 - running:.0%} of the time"
+    if per_worker is not None and per_worker >= th.WORKER_BUSY:
+        return _d(BottleneckKind.DATA_PIPELINE, confidence, f"{waits} for {workers:.0f} "
+                  f"workers busy at {per_worker:.0%} of a core each", ev,
+                  Recommendation("num_workers", int(workers), int(workers) * 2,
+                                 "the workers cannot keep up", True))  # fmt: skip
+    return _d(BottleneckKind.STORAGE, confidence, f"{waits}, on {workers:.0f} mostly idle "
+              "workers: loading waits on reads", ev,
+              Recommendation("num_workers", int(workers), 2 * int(workers),
+                             "more reads in flight hide latency", True))  # fmt: skip
+
+
 def _classify_cpu(
     ev: dict[str, Any], per_worker: float | None, more_workers: Recommendation
 ) -> list[Diagnosis]:
@@ -207,6 +251,7 @@ def triage(
     if pid is not None:
         # errors reach the caller
         sources.append(_sampler.ProcessCpuSource(pid, recursive=True, demand=True, refresh_s=0.5))
+        sources.append(_sampler.try_source(lambda: _sampler.MainThreadSource(pid)))
     sources.append(_sampler.try_source(lambda: _AllGpus(nvml)))
     sampler = _sampler.Sampler(sources, interval_s=interval_s)
     deadline = time.perf_counter() + duration_s
@@ -218,9 +263,24 @@ def triage(
             "main_demand_percent", "worker_demand_percent", "workers", "system_cpu_percent",
             "iowait_percent", "disk_read_bytes_per_s")  # fmt: skip
     evidence: dict[str, Any] = {k: _mean(readings, k) for k in keys}
+    running = _mean(readings, "main_thread_running")
+    evidence["main_thread_running_share"] = None if running is None else round(running, 2)
     if pid is not None and "process cpu" in sampler.failed:
         raise psutil.NoSuchProcess(pid, msg="the process exited while it was sampled")
     from lightning_maxtp.resources.probe import inspect_resources
 
     budget = inspect_resources().advice.cpu_workers_per_process
-    return TriageResult(pid, duration_s, evidence, tuple(classify(evidence, budget)))
+    found = classify(evidence, budget)
+    if pid is None:
+        return TriageResult(pid, duration_s, evidence, tuple(found))
+    status, note = read_status(pid, psutil.Process(pid).uids().real)
+    if status is None or not status.get("bottleneck"):
+        return TriageResult(pid, duration_s, evidence, tuple(found), status_note=note)
+    published = {f"job_{k}": status.get(k) for k in ("step_time_s", "data_wait_share",
+                 "samples_per_s", "settings", "first_step")}  # fmt: skip
+    evidence = {**published, **evidence}
+    own = _d(BottleneckKind(status["bottleneck"]), float(status.get("confidence") or 0.5),
+             f"the job's own monitor (window from step {status.get('first_step')}): "
+             f"{status.get('summary')}", evidence)  # fmt: skip
+    rest = tuple(d for d in found if d.kind is not own.kind)
+    return TriageResult(pid, duration_s, evidence, (own, *rest), "job status", note)

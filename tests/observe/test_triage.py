@@ -123,3 +123,86 @@ def test_triage_imports_neither_torch_nor_lightning() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          check=True).stdout  # fmt: skip
     assert out.strip() == "[]"
+
+
+_WAITS_ON_WORKERS = """
+import multiprocessing as mp, threading, time
+
+def worker(q):
+    while True:
+        time.sleep(0.008)  # one batch of 8 reads, 1 ms each: the worker waits, it does not work
+        q.put(b"x" * 1024)
+
+def spin():  # a thread pool spinning while it waits (what made the old triage say compute)
+    while True:
+        pass
+
+if __name__ == "__main__":
+    q = mp.get_context("fork").Queue()
+    for _ in range(2):
+        mp.get_context("fork").Process(target=worker, args=(q,), daemon=True).start()
+    threading.Thread(target=spin, daemon=True).start()
+    while True:
+        q.get()  # the training loop: blocked on the workers' queue
+"""
+
+
+def test_a_loop_waiting_on_its_workers_is_not_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    with child(_WAITS_ON_WORKERS) as proc:
+        time.sleep(1.0)  # the workers have started
+        assert main(["triage", "--duration", "2", "--pid", str(proc.pid), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ev = data["evidence"]
+    assert ev["workers"] == 2 and ev["main_thread_running_share"] < 0.4, ev
+    assert data["bottleneck"] == "storage", data["diagnoses"][0]["summary"]
+    assert data["source"] == "sampled" and "no live status" in data["status_note"]
+    assert "the main thread waits" in data["diagnoses"][0]["summary"]
+
+
+_PUBLISHES = """
+import sys, time
+sys.path.insert(0, {root!r})
+from lightning_maxtp.observe.status import write_status
+path = write_status({{"bottleneck": "data_pipeline", "confidence": 0.9, "first_step": 40,
+                     "summary": "data wait 87% of step", "data_wait_share": 0.87}})
+print(path, flush=True)
+time.sleep(60)
+"""
+
+
+def test_triage_reads_a_trusted_live_status_and_refuses_forged_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lightning_maxtp.observe.status import read_status, status_path
+
+    code = _PUBLISHES.format(root=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        path = Path(proc.stdout.readline().strip())  # type: ignore[union-attr]
+        assert path == status_path(proc.pid)
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.stat(path.parent).st_mode & 0o777 == 0o700
+        assert main(["triage", "--duration", "0.5", "--pid", str(proc.pid), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert (data["source"], data["bottleneck"]) == ("job status", "data_pipeline")
+        assert data["evidence"]["job_data_wait_share"] == 0.87
+        assert data["diagnoses"][0]["summary"].startswith("the job's own monitor (window from")
+
+        uid = os.getuid()
+        body = json.loads(path.read_text())
+        path.write_text(json.dumps({**body, "pid": proc.pid + 1}))  # names another process
+        assert read_status(proc.pid, uid)[0] is None
+        assert "names another process" in read_status(proc.pid, uid)[1]
+        real = path.with_name("elsewhere.json")
+        real.write_text(json.dumps(body))
+        path.unlink()
+        path.symlink_to(real)  # a planted link is never followed
+        status, why = read_status(proc.pid, uid)
+        assert status is None and "not a regular file" in why
+        assert read_status(proc.pid, uid + 1)[0] is None  # the file is not that user's
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for leftover in (status_path(proc.pid), status_path(proc.pid).with_name("elsewhere.json")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()

@@ -1,0 +1,48 @@
+"""The monitor publishes its live status for ``maxtp triage`` while it runs, and removes it."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_maxtp.callbacks import BottleneckMonitor
+from lightning_maxtp.observe.status import read_status, status_path
+from tests.helpers.models import IdModel
+
+
+class Peek(pl.Callback):
+    """Reads this process's status at each step (after the monitor's hooks)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        status, _ = read_status(os.getpid(), os.getuid())
+        if status is not None:
+            self.seen.append(status)
+
+
+def test_status_is_published_each_window_and_removed_at_the_end() -> None:
+    data = TensorDataset(torch.randn(160, 16), torch.arange(160))
+    monitor, peek = (
+        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
+        Peek(),
+    )
+    pl.Trainer(
+        accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor, peek],
+    ).fit(IdModel(), DataLoader(data, batch_size=8))  # fmt: skip
+
+    firsts = sorted({s["first_step"] for s in peek.seen})
+    assert len(firsts) >= 3, firsts  # one status per window, updated as each closes
+    last = peek.seen[-1]
+    assert last["pid"] == os.getpid() and last["steps"] == 5
+    assert last["bottleneck"] == monitor.diagnoses[-1][0].kind.value
+    assert last["settings"]["num_workers"] == 0
+    json.dumps(last, allow_nan=False)
+    assert not status_path(os.getpid()).exists()
