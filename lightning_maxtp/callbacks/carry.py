@@ -44,7 +44,10 @@ def state(
 
 
 def carried_settings(
-    carried: dict[str, Any] | None, machine: dict[str, Any], loader: dict[str, Any]
+    carried: dict[str, Any] | None,
+    machine: dict[str, Any],
+    loader: dict[str, Any],
+    max_workers: int | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The carried settings to apply now, or ``None`` and why they are not.
 
@@ -61,5 +64,8 @@ def carried_settings(
         changed = [f"{k} {before.get(k)!r} -> {v!r}" for k, v in now.items() if before.get(k) != v]
         if changed:
             return None, f"tuned settings not reused: the {what} differs ({', '.join(changed)})"
+    workers = carried["settings"].get("num_workers")
+    if max_workers is not None and isinstance(workers, int) and workers > max_workers:
+        return None, f"tuned settings not reused: num_workers={workers} > max_workers={max_workers}"
     shown = ", ".join(f"{k}={v}" for k, v in carried["settings"].items())
     return dict(carried["settings"]), f"settings tuned earlier on this machine and loader: {shown}"

@@ -45,14 +45,14 @@ class TuningCost:
     budget_s: float | None = None
     """What tuning may cost (``cost_share`` of the expected fit; ``None``: no share limit)."""
     step_s: float | None = None
-    """The baseline window's mean step time (stall-capped), seconds."""
+    """The baseline window's mean step time, seconds."""
     batches: float | None = None
     """Training batches the fit was expected to run (``inf``: unknown length)."""
     fit_s: float | None = None
-    """The fit's wall-clock from the baseline window's first step to the end (when it ended;
-    the warm-up before runs the same with or without tuning)."""
+    """The measured training steps' time from the baseline window on (when the fit ended): the
+    warm-up before runs the same with or without tuning, and validation is not a step."""
     steps_run: int = 0
-    """Training steps the fit ran from the baseline window on (when it ended)."""
+    """Training steps measured from the baseline window on (when the fit ended)."""
 
     @property
     def cost_s(self) -> float:
@@ -80,7 +80,7 @@ class TuningCost:
 
     def budgeted(self, baseline: Window, batches: float, share: float | None) -> TuningCost:
         """With the baseline's step time, the fit's expected batches and the budget they give."""
-        step = capped_s(baseline) / baseline.steps if baseline.steps else None
+        step = baseline.total_s / baseline.steps if baseline.steps else None
         cost = replace(self, step_s=step, batches=batches)
         expected = cost.expected_fit_s
         return replace(

@@ -7,6 +7,9 @@ single knob. Plain functions over plain data; the callback supplies the loader a
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
@@ -16,11 +19,22 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from lightning_maxtp.callbacks.config import TuningConfig
+    from lightning_maxtp.callbacks.tuner import Tuner
     from lightning_maxtp.loader.plan import LoaderPlan
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
 
-__all__ = ["measure_loader", "plan_change", "plan_line"]
+__all__ = [
+    "MIN_LOADER_MEASURE_S",
+    "loader_plan_trial",
+    "measure_loader",
+    "plan_change",
+    "plan_line",
+]
+
+MIN_LOADER_MEASURE_S = 1.0
+"""Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
+slice of a fraction of a second plus worker start-up): skipped."""
 
 
 def plan_line(
@@ -78,3 +92,39 @@ def plan_change(
     if not new or (not plan.num_workers and not settings["num_workers"]):
         return None
     return "loader plan", new, plan.reason.split(". ")[0].rstrip(".")
+
+
+def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
+    """Measure the loader alone for ``tuner``, within what its budget leaves; the trial, if any.
+
+    Training waits while the loader is measured, so the time counts as blocked in the tuner's
+    cost (and is drawn as a blocked span); a run whose budget cannot pay for it skips it.
+    """
+    assert tuner.loop.ref is not None and tuner.loader is not None
+    cost = tuner.summary.cost
+    seconds = min(tuner.config.loader_time_budget_s, cost.left_s if cost else math.inf)
+    if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
+        tuner.note(
+            "the loader is not measured alone: the fit is expected to take "
+            f"{tuner.cost.expected_fit_s or 0:.1f} s, so tuning may cost "
+            f"{tuner.cost.budget_s or 0:.2f} s; single knobs are tried on real steps instead"
+        )
+        tuner.loader_plan = False
+        return None
+    rate = tuner.loop.ref.device_samples_per_s
+    tuner.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+    started, at = time.perf_counter(), tuner.monitor.elapsed_s()
+    try:
+        tuner.loader_plan = measure_loader(
+            tuner.source_loader, tuner.loop.ref, tuner.config, tuner.resources,
+            time_budget_s=seconds, local_ranks=tuner.local_ranks,
+        )  # fmt: skip
+    except Exception as err:  # advisory: the diagnosis loop still runs without it
+        tuner.note(f"tune_dataloader failed, skipped: {err!r}")
+        tuner.loader_plan = False
+        return None
+    finally:
+        blocked = tuner.cost.blocked_s + time.perf_counter() - started
+        tuner.cost = dataclasses.replace(tuner.cost, blocked_s=blocked)
+        tuner.spans.append(("blocked", at, tuner.monitor.elapsed_s()))
+    return plan_change(tuner.loader_plan, tuner.loader.settings())

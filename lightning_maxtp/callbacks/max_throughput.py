@@ -223,6 +223,7 @@ class MaxThroughputCallback(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.monitor.on_train_start(trainer, pl_module)
+        self.tuner.adopt(trainer)
         if self.tuner.loader is not None:  # settings requested before the first batch
             self.monitor.clock.update_context(**self.tuner.loader.settings())
 
@@ -270,8 +271,8 @@ class MaxThroughputCallback(Callback):
             self._show_progress(trainer, window)
         elif loop.finished:
             self.tuner.monitored(window, self.monitor.record(trainer, window))
-        else:  # warm-up or settle steps: reported, never judged
-            self.monitor.record(trainer, window)
+        else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
+            self.monitor.record(trainer, window, may_capture=False)
 
     def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
         """Tuning progress in the progress bar: rate of the window, trials, whether done."""

@@ -11,17 +11,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.callbacks.cost import TuningCost
-from lightning_maxtp.callbacks.loader_trial import measure_loader, plan_change
+from lightning_maxtp.callbacks.loader_trial import loader_plan_trial
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
     TuningSummary,
     fmt_settings,
+    in_force,
     remaining,
     top_line,
 )
@@ -38,11 +38,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
 
-__all__ = ["MIN_LOADER_MEASURE_S", "Tuner"]
-
-MIN_LOADER_MEASURE_S = 1.0
-"""Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
-slice of a fraction of a second plus worker start-up): skipped."""
+__all__ = ["Tuner"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +102,7 @@ class Tuner:
     @property
     def summary(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        rate = combined_rate(self.loop.in_force(self.final)[0])
+        rate = combined_rate(in_force(self.loop, self.final)[0])
         return self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
 
     def _cost(self) -> TuningCost:
@@ -119,28 +115,44 @@ class Tuner:
         """The train loader to use: the user's, wrapped so its knobs can switch mid-epoch."""
         if isinstance(loader, SwitchableLoader):  # ours, from an earlier fit of this Trainer
             self.loader, self.source_loader = loader, loader.source
-        else:
-            why = switchable_reason(loader)
-            if why is not None:
-                self.note(f"loader knobs not changed: {why}")
-                return loader
-            cpus = int(self.resources.cpu.effective) if self.resources else 1
-            self.source_loader = loader
-            self.loader = SwitchableLoader(loader, cpu_threads=cpus)  # type: ignore[arg-type]
-        machine = machine_key(self.resources, self.world_size)
-        settings, why = carried_settings(self.carried, machine, loader_key(self.source_loader))
-        if settings is None and why:
-            self.note(why)
-        elif settings is not None:
-            changed = {k: v for k, v in settings.items() if self.loader.settings().get(k) != v}
-            if changed:
-                self.loader.request(**changed)
-            self._stop(why)
+            return loader
+        why = switchable_reason(loader)
+        if why is not None:
+            self.note(f"loader knobs not changed: {why}")
+            return loader
+        previous = self.loader  # Lightning reloads its loaders (reload_dataloaders_every_n_epochs)
+        cpus = int(self.resources.cpu.effective) if self.resources else 1
+        self.source_loader = loader
+        self.loader = SwitchableLoader(loader, cpu_threads=cpus)  # type: ignore[arg-type]
+        if previous is not None:  # the settings in force go on with the new loader
+            self.loader.request(**previous.settings())
+            previous.shutdown()
         return self.loader
 
+    def adopt(self, trainer: pl.Trainer) -> None:
+        """Apply settings tuned earlier, when they match (rank zero decides under DDP)."""
+        if self.loader is None or self.loop.finished:
+            return
+        decision = None
+        if trainer.is_global_zero:
+            machine = machine_key(self.resources, self.world_size)
+            decision = carried_settings(self.carried, machine, loader_key(self.source_loader),
+                                        self.config.max_workers)  # fmt: skip
+        if trainer.world_size > 1:  # ranks may see different CPUs: one decision for all
+            decision = trainer.strategy.broadcast(decision, src=0)
+        settings, why = decision if decision is not None else (None, "")
+        if settings is None:
+            if why:
+                self.note(why)
+            return
+        changed = {k: v for k, v in settings.items() if self.loader.settings().get(k) != v}
+        if changed:
+            self.loader.request(**changed)
+        self._stop(why, converged=True)
+
     def state(self) -> dict[str, Any]:
-        """What to carry into a checkpoint or the next fit: tuned settings, once tuning ended."""
-        if self.loader is None or not self.loop.finished:
+        """What to carry into a checkpoint or the next fit: the settings tuning converged to."""
+        if self.loader is None or not self.loop.converged:
             return {}
         machine = machine_key(self.resources, self.world_size)
         return state(self.loader.settings(), machine, loader_key(self.source_loader))
@@ -187,11 +199,9 @@ class Tuner:
 
     def end(self) -> None:
         """The fit ended: a trial under way is recorded as unfinished and its settings undone."""
-        started = self.loop.started_at
-        if started is not None:
-            steps = self.loop.steps - self.loop.warmup_steps
-            fit_s = time.perf_counter() - started
-            self.cost = dataclasses.replace(self.cost, fit_s=fit_s, steps_run=steps)
+        if self._tuning_span:  # the steps measured from the baseline on (validation excluded)
+            steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
+            self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
         trial = self.loop.end()
         if trial is not None:
             self._finish_trial(trial)
@@ -221,7 +231,7 @@ class Tuner:
         included), or when tuning did not end, the reference window; never a reverted or
         unfinished trial's.
         """
-        final, found = self.loop.in_force(self.final, report)
+        final, found = in_force(self.loop, self.final, report)
         rate = combined_rate(final)
         tuning = self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
@@ -267,34 +277,7 @@ class Tuner:
 
     def _plan_change(self) -> Change | None:
         """``tune_dataloader`` against the reference window's consumption rate."""
-        assert self.loop.ref is not None and self.loader is not None
-        rate = self.loop.ref.device_samples_per_s
-        seconds = min(self.config.loader_time_budget_s, self._cost().left_s)
-        if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
-            expected = self.cost.expected_fit_s or 0.0
-            self.note(
-                f"the loader is not measured alone: the fit is expected to take {expected:.1f} s, "
-                f"so tuning may cost {self.cost.budget_s or 0:.2f} s; single knobs are tried on "
-                "real steps instead"
-            )
-            self.loader_plan = False
-            return None
-        self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
-        started, at = time.perf_counter(), self.monitor.elapsed_s()
-        try:
-            self.loader_plan = measure_loader(
-                self.source_loader, self.loop.ref, self.config, self.resources,
-                time_budget_s=seconds, local_ranks=self.local_ranks,
-            )  # fmt: skip
-        except Exception as err:  # advisory: the diagnosis loop still runs without it
-            self.note(f"tune_dataloader failed, skipped: {err!r}")
-            self.loader_plan = False
-            return None
-        finally:
-            blocked = self.cost.blocked_s + time.perf_counter() - started
-            self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
-            self.spans.append(("blocked", at, self.monitor.elapsed_s()))
-        return plan_change(self.loader_plan, self.loader.settings())
+        return loader_plan_trial(self)
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
         assert self.loader is not None
@@ -306,8 +289,6 @@ class Tuner:
         self.loop.start(knob, old, new, why, trainer.global_step)
         self._record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
-        if self.loop.measuring:  # settle_steps=0: the trial window starts now
-            self.monitor.restart_window()
 
     def _continue_trial(self, verdict: str, window: Window, found: tuple[Any, ...]) -> bool:
         """Act on a trial window's verdict; ``True`` while the trial goes on (re-measuring)."""
@@ -321,8 +302,6 @@ class Tuner:
             self.monitor.clock.update_context(**self.loader.settings())
             self._record_change(self._last_knob, current, target, f"re-measuring {what}")
             self.say(f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}")
-            if self.loop.measuring:  # settle_steps=0
-                self.monitor.restart_window()
             return True
         self._finish_trial(trial)
         return False
@@ -345,8 +324,8 @@ class Tuner:
             self._record_change(trial.knob, current, old, reason)
         self.monitor.clock.update_context(**self.loader.settings())
 
-    def _stop(self, reason: str) -> None:
-        self.loop.stop(reason)
+    def _stop(self, reason: str, *, converged: bool | None = None) -> None:
+        self.loop.stop(reason, converged=converged)
         if len(self._tuning_span) == 1:
             self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps

@@ -30,13 +30,15 @@ from lightning_maxtp.callbacks.trials import (
     next_change,
 )
 from lightning_maxtp.observe.diagnosis import Diagnosis
-from lightning_maxtp.observe.report import ThroughputReport
 from lightning_maxtp.observe.window import Window
 
 __all__ = ["DATA_KINDS", "Change", "TuningLoop", "window_rate"]
 
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
+
+CONVERGED = ("no bottleneck above threshold", "no auto-applicable knob left", "max_trials=")
+"""Stop reasons that mean nothing was left to try (the settings are worth carrying)."""
 
 Change = tuple[str, dict[str, Any], str]
 """``(knob, new settings, reason)``: one trial to run."""
@@ -97,6 +99,7 @@ class TuningLoop:
         self.ref_found: tuple[Diagnosis, ...] = ()
         self.baseline: float | None = None
         self.stop_reason = "the fit ended before tuning finished"
+        self.converged = False
         self._settle_left = 0
         self._trial: _Trial | None = None
         self._t_start: float | None = None
@@ -150,9 +153,9 @@ class TuningLoop:
         self._settle()
 
     def _settle(self) -> None:
+        # Even with settle_steps=0 the window waits for the switch: until then the old workers
+        # still deliver batches they started under the previous settings.
         self._settle_left, self.phase = self.settle_steps, "settle"
-        if self.settle_steps == 0:
-            self.phase = "trial"
 
     @property
     def pending(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -259,45 +262,19 @@ class TuningLoop:
         knob, value, reason = change
         return knob, {knob: value}, reason
 
-    def in_force(
-        self,
-        final: list[tuple[Window, tuple[Diagnosis, ...]]],
-        report: ThroughputReport | None = None,
-    ) -> tuple[list[Window], tuple[Diagnosis, ...]]:
-        """The windows measured under the settings in force, and the diagnoses describing them.
+    def stop(self, reason: str, *, converged: bool | None = None) -> None:
+        """Tuning is over: from now on the loop only monitors.
 
         Args:
-            final: Windows closed under the settings in force after tuning ended, with their
-                diagnoses (the reference window they were judged by is added).
-            report: The monitor's report: its last diagnoses are the latest (re-read with a
-                profiler capture, if one ran), and its windows are all there is when nothing
-                was tuned.
-
-        Returns:
-            When tuning did not end, the reference window (never a reverted or unfinished
-            trial's); with no reference at all, every window of ``report``.
+            reason: Why, for the report.
+            converged: Whether nothing was left to try (default: read from ``reason``); only
+                converged settings are carried into a checkpoint or the next fit, not those of
+                tuning cut short by a budget.
         """
-        if final:
-            windows, found = [w for w, _ in final], final[-1][1]
-            last = report.windows[-1] if report is not None and report.windows else None
-            if (
-                report is not None
-                and last is not None
-                and last.first_step == windows[-1].first_step
-            ):
-                found = report.diagnoses
-            if self.ref is not None and self.finished:
-                windows.insert(0, self.ref)
-            return windows, found
-        if self.ref is not None:
-            return [self.ref], self.ref_found
-        if report is None:
-            return [], ()
-        return list(report.windows), report.diagnoses
-
-    def stop(self, reason: str) -> None:
-        """Tuning is over: from now on the loop only monitors."""
         self.stop_reason, self.phase = reason, "monitor"
+        if converged is None:
+            converged = reason.startswith(CONVERGED)
+        self.converged = converged
         self._close()
 
     def _close(self) -> None:

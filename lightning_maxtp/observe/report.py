@@ -190,10 +190,10 @@ class ThroughputReport:
             md.append("")
         md += ["## Windows", "", "| steps | samples/s | median step ms | data wait | GPU util | "
                "settings |", "|---|---|---|---|---|---|"]  # fmt: skip
-        final = {id(w) for w in self.in_force}
+        final = {w.first_step for w in self.in_force}  # a capture may have replaced a window
         for w in self.windows:
             util = w.sampler.mean_gpu_util
-            which = "final" if id(w) in final and self.final_windows is not None else ""
+            which = "final" if w.first_step in final and self.final_windows is not None else ""
             md.append(f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
                       f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
                       f"{'-' if util is None else f'{util:.0f} %'} | {which} |")  # fmt: skip

@@ -94,3 +94,15 @@ def test_validate_test_and_predict_with_the_callback_attached() -> None:
     trainer.predict(model, loader)
     assert callback.loader is None and not callback.trials and not callback.windows
     assert callback.state_dict() == {}
+
+
+def test_reloaded_loaders_keep_the_tuned_settings() -> None:
+    callback = _callback()
+    model = IdModel()
+    trainer = _trainer(callback, max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    trainer.fit(model, _loader())
+
+    (trial,) = callback.trials
+    assert trial.kept and callback.loader is not None
+    assert callback.loader.settings()["num_workers"] == trial.new, "epoch 2's new loader too"
+    assert callback.windows[-1].context.num_workers == trial.new
