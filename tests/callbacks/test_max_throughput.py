@@ -349,3 +349,13 @@ def test_with_a_budget_the_loader_is_measured_within_what_is_left() -> None:
     assert plan and cost is not None and cost.budget_s is not None
     assert 0 < cost.blocked_s <= min(2.0, cost.budget_s) + 1.5  # the last candidate may overrun
     assert plan.budget.time_budget_s <= min(2.0, cost.budget_s)
+
+
+def test_lightning_cli_refuses_a_bad_capture_when_it_parses() -> None:
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(MaxThroughputCallback, "cb")
+    assert parser.parse_args(["--cb.capture", "never"]).cb.capture == "never"
+    with pytest.raises(Exception, match=r"Expected a typing.Literal\['auto', 'always', 'never'\]"):
+        parser.parse_args(["--cb.capture", "sometimes"])
