@@ -53,6 +53,9 @@ class TuningCost:
     warm-up before runs the same with or without tuning, and validation is not a step."""
     steps_run: int = 0
     """Training steps measured from the baseline window on (when the fit ended)."""
+    earned_s: float = 0.0
+    """What the changes kept so far are expected to save over the rest of the fit: a change
+    that has paid may be followed by more tuning."""
 
     @property
     def cost_s(self) -> float:
@@ -69,7 +72,20 @@ class TuningCost:
     @property
     def left_s(self) -> float:
         """Budget not yet spent (``inf`` without a budget)."""
-        return math.inf if self.budget_s is None else self.budget_s - self.cost_s
+        return math.inf if self.budget_s is None else self.budget_s + self.earned_s - self.cost_s
+
+    def remaining_s(self, steps_done: int) -> float | None:
+        """The rest of the fit at the baseline rate (``None`` when its length is unknown)."""
+        if self.step_s is None or self.batches is None or not math.isfinite(self.batches):
+            return None
+        return max(0.0, self.batches - steps_done) * self.step_s
+
+    def with_earnings(self, steps_done: int, baseline_rate: float, rate_now: float) -> TuningCost:
+        """With what running at ``rate_now`` instead of ``baseline_rate`` saves from here on."""
+        rest = self.remaining_s(steps_done)
+        if rest is None or baseline_rate <= 0 or rate_now <= baseline_rate:
+            return replace(self, earned_s=0.0)
+        return replace(self, earned_s=rest * (1 - baseline_rate / rate_now))
 
     @property
     def net(self) -> float | None:
@@ -102,6 +118,8 @@ class TuningCost:
             budget = (
                 f" of a {self.budget_s:.1f} s budget (expected fit {self.expected_fit_s:.1f} s)"
             )
+            if self.earned_s > 0:
+                budget += f" + {self.earned_s:.1f} s earned by the changes kept"
         text = (f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
                 f"{self.lost_s:.1f} s lost in slower windows")  # fmt: skip
         if self.net is not None and self.fit_s is not None and self.step_s is not None:

@@ -26,12 +26,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_LOADER_MEASURE_S",
+    "PAYBACK_SHARE",
     "loader_plan_trial",
     "measure_loader",
     "plan_change",
     "plan_line",
 ]
 
+PAYBACK_SHARE = 0.2
+"""The loader may be measured alone for at most this share of what a loader fast enough would
+save over the rest of the fit (the measurement must pay for itself), or within the budget."""
 MIN_LOADER_MEASURE_S = 1.0
 """Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
 slice of a fraction of a second plus worker start-up): skipped."""
@@ -101,13 +105,19 @@ def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
     cost (and is drawn as a blocked span); a run whose budget cannot pay for it skips it.
     """
     assert tuner.loop.ref is not None and tuner.loader is not None
-    cost = tuner.summary.cost
-    seconds = min(tuner.config.loader_time_budget_s, cost.left_s if cost else math.inf)
+    cost, ref = tuner.summary.cost, tuner.loop.ref
+    # The most a loader fast enough could save: the rest of the fit without its data wait.
+    rest = cost.remaining_s(tuner.loop.steps) if cost is not None else None
+    share = 1 - ref.samples_per_s / max(ref.device_samples_per_s, 1e-9)
+    potential = 0.0 if rest is None else rest * max(0.0, share)
+    allowed = max(cost.left_s if cost else math.inf, PAYBACK_SHARE * potential)
+    seconds = min(tuner.config.loader_time_budget_s, allowed)
     if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
         tuner.note(
             "the loader is not measured alone: the fit is expected to take "
             f"{tuner.cost.expected_fit_s or 0:.1f} s, so tuning may cost "
-            f"{tuner.cost.budget_s or 0:.2f} s; single knobs are tried on real steps instead"
+            f"{tuner.cost.budget_s or 0:.2f} s and a loader fast enough would save at most "
+            f"{potential:.1f} s; single knobs are tried on real steps instead"
         )
         tuner.loader_plan = False
         return None

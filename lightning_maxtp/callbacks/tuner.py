@@ -106,7 +106,11 @@ class Tuner:
         return self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
 
     def _cost(self) -> TuningCost:
-        return dataclasses.replace(self.cost, lost_s=sum(t.lost_s for t in self.trials))
+        cost = dataclasses.replace(self.cost, lost_s=sum(t.lost_s for t in self.trials))
+        ref, base = self.loop.ref, self.loop.baseline
+        if ref is None or base is None:
+            return cost
+        return cost.with_earnings(self.loop.steps, base, window_rate(ref))
 
     def _settings(self) -> dict[str, Any]:
         return self.loader.settings() if self.loader is not None else {}
