@@ -80,7 +80,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=140, help="untimed steps (as the callback's)")
     p.add_argument(
-        "--warmup-callback", type=int, default=140,
+        "--warmup-callback",
+        type=int,
+        default=140,
         help="untimed steps of the callback run: the paired trials need about 50 steps each",
     )
     p.add_argument("--tail", type=int, default=64, help="batches the loader has past the end")
