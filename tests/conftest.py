@@ -12,9 +12,11 @@ from collections.abc import Iterator
 import lightning.pytorch  # noqa: F401  (see below)
 import psutil
 import pytest
+import threadpoolctl  # noqa: F401  (see below)
 
-# Importing lightning sets TORCHINDUCTOR_CACHE_DIR and PYTORCH_NVML_BASED_CUDA_CHECK; imported
-# here, before any test, so the first test that happens to import it is not failed for a leak.
+# Importing lightning sets TORCHINDUCTOR_CACHE_DIR and PYTORCH_NVML_BASED_CUDA_CHECK, importing
+# threadpoolctl sets KMP_DUPLICATE_LIB_OK; imported here, before any test, so the first test that
+# happens to import them is not failed for a leak.
 
 _GRACE_S = 10.0
 

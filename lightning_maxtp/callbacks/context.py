@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.window import JobContext
-from lightning_maxtp.resources.probe import workers_per_process
+from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -74,7 +74,12 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
 
             resources = inspect_resources()
         # The ranks this node runs share its CPUs (Lightning's CPU DDP sets no LOCAL_WORLD_SIZE).
-        ctx["cpu_worker_budget"] = workers_per_process(resources.cpu, trainer.num_devices)
+        ranks = trainer.num_devices
+        ctx["cpu_worker_budget"] = workers_per_process(resources.cpu, ranks)
+        ctx["cpu_worker_ceiling"] = worker_ceiling(
+            resources.cpu, ranks, has_gpus=bool(resources.gpus)
+        )
+        ctx["cpus_per_rank"] = max(1, resources.cpu.effective // max(1, ranks))
         used = set(trainer.device_ids) if device.type == "cuda" else set()
         ctx["unused_free_gpus"] = tuple(i for i in resources.advice.free_gpus if i not in used)
     except Exception as err:  # the probe is advisory; the measurements stand without it

@@ -320,5 +320,7 @@ class MaxThroughputCallback(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.monitor.teardown(trainer, pl_module, stage)
+        if stage == "fit":
+            self.tuner.knobs.threads.restore()  # a fit that failed still puts them back
         if stage == "fit" and self.tuner.loader is not None:
             self.tuner.loader.shutdown()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.callbacks.cost import TuningCost
+from lightning_maxtp.callbacks.knobs import THREADS
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
 
@@ -211,7 +212,7 @@ def next_change(
     *,
     device_type: str = "cpu",
 ) -> tuple[str, Any, str] | None:
-    """The first auto-applicable loader change of the top diagnosis not tried yet.
+    """The first auto-applicable change (loader knobs, main threads) of the top diagnosis not tried.
 
     Args:
         diagnoses: Findings of the last window, most confident first.
@@ -225,7 +226,7 @@ def next_change(
     if not diagnoses or diagnoses[0].kind.value == "healthy":
         return None
     for rec in diagnoses[0].recommendations:
-        if not rec.auto_apply or rec.knob not in LOADER_KNOBS:
+        if not rec.auto_apply or rec.knob not in (*LOADER_KNOBS, THREADS):
             continue
         if rec.knob == "pin_memory" and device_type != "cuda":
             continue

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.callbacks.cost import TuningCost
+from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import loader_plan_trial
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
@@ -78,6 +79,7 @@ class Tuner:
             window_steps=config.window_steps,
         )  # fmt: skip
         self.loader: SwitchableLoader | None = None
+        self.knobs = Knobs(lambda: self.loader)
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
@@ -113,7 +115,7 @@ class Tuner:
         return cost.with_earnings(self.loop.steps, base, window_rate(ref))
 
     def _settings(self) -> dict[str, Any]:
-        return self.loader.settings() if self.loader is not None else {}
+        return self.knobs.settings()
 
     def wrap(self, loader: object) -> object:
         """The train loader to use: the user's, wrapped so its knobs can switch mid-epoch."""
@@ -209,6 +211,7 @@ class Tuner:
         trial = self.loop.end()
         if trial is not None:
             self._finish_trial(trial)
+        self.knobs.threads.restore()  # process state: the next fit starts as this one did
 
     def monitored(self, window: Window, found: tuple[Any, ...]) -> None:
         """A window under the final settings closed (after tuning, or the fit's closing one)."""
@@ -273,7 +276,7 @@ class Tuner:
         cost = self._cost()
         if cost.left_s <= 0:
             return f"tuning cost budget spent: {cost.cost_s:.1f} s of {cost.budget_s or 0:.1f} s"
-        settings = self.loader.settings()
+        settings = self.knobs.context()
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan = self._plan_change if wants_plan else None
         device = self.monitor.context.device_type
@@ -285,11 +288,11 @@ class Tuner:
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
         assert self.loader is not None
-        old = {k: self.loader.settings()[k] for k in new}
+        old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
-        self.loader.request(**new)
+        self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
-        self.monitor.clock.update_context(**self.loader.settings())
+        self.monitor.clock.update_context(**self.knobs.context())
         self.loop.start(knob, old, new, why, trainer.global_step)
         self._record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
@@ -301,9 +304,9 @@ class Tuner:
         trial = self.loop.advance(verdict, window, found)
         if trial is None:  # looked like a gain: re-measure the reference, then the trial
             target, what = (old, "the reference") if verdict == "old" else (new, "the trial")
-            current = {k: self.loader.settings()[k] for k in target}
-            self.loader.request(**target)
-            self.monitor.clock.update_context(**self.loader.settings())
+            current = self.knobs.current(target)
+            self.knobs.request(**target)
+            self.monitor.clock.update_context(**self.knobs.context())
             self._record_change(self._last_knob, current, target, f"re-measuring {what}")
             self.say(f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}")
             return True
@@ -315,18 +318,18 @@ class Tuner:
         self.say(str(trial))
         old = self._last_old
         if not trial.kept:
-            current = {k: self.loader.settings()[k] for k in old}
+            current = self.knobs.current(old)
             if current == old:  # ended while re-measuring the original: nothing to undo
-                self.monitor.clock.update_context(**self.loader.settings())
+                self.monitor.clock.update_context(**self.knobs.context())
                 return
-            self.loader.request(**old)
+            self.knobs.request(**old)
             reason = {"reverted": f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}",
                       "undecided": f"undecided: {trial.gain:+.1%} within 2x the noise "
                                    f"({trial.noise or 0:.0%}), the original kept",
                       "unfinished": "unfinished: the fit ended before the trial was judged"}[
                 trial.verdict]  # fmt: skip
             self._record_change(trial.knob, current, old, reason)
-        self.monitor.clock.update_context(**self.loader.settings())
+        self.monitor.clock.update_context(**self.knobs.context())
 
     def _stop(self, reason: str, *, converged: bool | None = None) -> None:
         self.loop.stop(reason, converged=converged)

@@ -1,7 +1,9 @@
 """The limits ``tune_dataloader`` respects: workers from CPUs, RAM and ``/dev/shm``.
 
 CPU: the probe's rule, ``(effective CPUs - device processes) // device processes``, where the
-device processes are the DDP ranks on this node (one main thread each stays free). RAM: half of
+device processes are the DDP ranks on this node (one main thread each stays free), is where the
+search starts being cautious; it may go past it, each worker gaining >= 5 %, up to the probe's
+ceiling (every core on a GPU host, twice the cores on a CPU-only host, per rank). RAM: half of
 what the probe finds available, shared by the ranks on this node, divided by the largest
 worker's measured memory (USS: what the worker holds alone, without pages it shares with the
 main process). ``/dev/shm``: half of its free space, shared likewise, divided by the batches a
@@ -14,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.resources.probe import workers_per_process
+from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
 if TYPE_CHECKING:
     from lightning_maxtp.loader.candidate import SearchResult
@@ -39,6 +41,11 @@ class Limits:
     cpu_source: str
     memory_bytes: int | None
     shm_bytes: int | None
+    ceiling_workers: int | None = None
+    """Most workers the search may reach past ``cpu_workers`` when each still gains (``None``:
+    not past it: the caller's ``max_workers``)."""
+    ranks: int = 1
+    """Device processes on this node sharing its CPUs."""
 
 
 def limits_from(
@@ -55,6 +62,7 @@ def limits_from(
         ranks = int(env) if env.isdigit() and int(env) > 0 else res.advice.device_processes
     probe_workers = workers_per_process(res.cpu, ranks)
     source = f"probe: {res.cpu.effective} CPUs shared by {ranks} rank(s) on this node"
+    ceiling = worker_ceiling(res.cpu, ranks, has_gpus=bool(res.gpus))
     avail, shm_free = res.memory.effective_available_bytes, res.memory.shm_free_bytes
     memory = memory_budget_bytes
     if memory is None and avail is not None:
@@ -65,6 +73,8 @@ def limits_from(
         cpu_source=source if max_workers is None else f"max_workers={max_workers}",
         memory_bytes=memory,
         shm_bytes=None if shm_free is None else int(shm_free * SHM_SHARE / ranks),
+        ceiling_workers=ceiling if max_workers is None else None,
+        ranks=ranks,
     )
 
 
@@ -88,6 +98,10 @@ class LoaderBudget:
         io_workers: ``cpu_workers`` raised because loading in the main process kept the CPU
             busy only ``io_cpu_share`` of its time (it waits on reads); ``None``: not raised.
         io_cpu_share: That measured share.
+        ceiling_workers: Most workers the search could reach past the CPU budget while each
+            still gained >= 5 % (``None``: the caller's ``max_workers`` is a hard cap).
+        past_budget: Whether the chosen setting has more workers than the CPU budget (after
+            the raise for I/O): it paid on measurement.
     """
 
     max_workers: int
@@ -103,6 +117,8 @@ class LoaderBudget:
     time_budget_s: float
     io_workers: int | None = None
     io_cpu_share: float | None = None
+    ceiling_workers: int | None = None
+    past_budget: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -130,4 +146,7 @@ def budget_from(result: SearchResult, limits: Limits, time_budget_s: float) -> L
             (c.cpu_share for c in result.candidates if c.cpu_share is not None and c.complete),
             None,
         ),
+        ceiling_workers=result.ceiling_workers,
+        past_budget=result.chosen is not None
+        and result.chosen.num_workers > (result.io_workers or result.cpu_workers),
     )

@@ -111,17 +111,35 @@ class SearchResult:
     loader rate measured."""
     io_workers: int | None = None
     """The CPU cap raised because loading waits on I/O (``None``: not raised)."""
+    ceiling_workers: int | None = None
+    """Most workers the search could reach past the CPU budget while each still gained
+    (``None``: the budget was a hard cap)."""
+    own: LoaderCandidate | None = None
+    """The loader's own setting as measured beside the search's choice (``None``: it was the
+    choice, or not measured)."""
+    own_kept: bool = False
+    """Whether the loader's own setting stayed because the choice did not beat it."""
+
+    @property
+    def budget_workers(self) -> int:
+        """The CPU budget (raised for I/O): past it, each added worker must gain >= 5 %."""
+        return self.io_workers or self.cpu_workers
+
+    @property
+    def cpu_cap(self) -> int:
+        """The hard worker cap from CPUs: the ceiling, or the budget when there is none."""
+        return max(self.ceiling_workers or 0, self.budget_workers)
 
     @property
     def max_workers(self) -> int:
         """The binding worker cap."""
-        caps = [self.io_workers or self.cpu_workers, self.memory_workers, self.shm_workers]
+        caps = [self.cpu_cap, self.memory_workers, self.shm_workers]
         return min(c for c in caps if c is not None)
 
     @property
     def limited_by(self) -> str:
         """Which cap binds: ``cpu``, ``memory`` or ``shm`` (the first of equals)."""
-        caps = [("cpu", self.io_workers or self.cpu_workers), ("memory", self.memory_workers)]
+        caps = [("cpu", self.cpu_cap), ("memory", self.memory_workers)]
         caps.append(("shm", self.shm_workers))
         return min((v, i, k) for i, (k, v) in enumerate(caps) if v is not None)[2]
 

@@ -67,7 +67,45 @@ def _cap_detail(budget: LoaderBudget) -> str:
             f", raised to {budget.io_workers} because loading waits on I/O (the main process "
             f"ran or waited for a CPU {budget.io_cpu_share or 0:.0%} of its loading time)"
         )
+    ceiling = budget.ceiling_workers
+    if ceiling is not None and ceiling > (budget.io_workers or budget.cpu_workers):
+        text = f"the CPU ceiling of {ceiling} worker(s), past {text}"
     return text
+
+
+def _past_budget(budget: LoaderBudget) -> str:
+    """Words for a choice past the CPU budget (``""`` when it is within it)."""
+    if not budget.past_budget:
+        return ""
+    within = budget.io_workers or budget.cpu_workers
+    return (
+        f"; past the CPU budget of {within} worker(s) ({budget.cpu_source}), each added worker "
+        f"gained >= {MIN_GAIN:.0%}"
+    )
+
+
+def _own(result: SearchResult) -> str:
+    """Words for the loader's own setting measured beside the choice (``""``: not measured)."""
+    own, chosen = result.own, result.chosen
+    if own is None or chosen is None:
+        return ""
+    setting = f"{_workers(own.num_workers)}" + (
+        f", prefetch {own.prefetch_factor}" if own.num_workers else ""
+    )
+    if result.own_kept:
+        others = [c for c in result.candidates if c.complete and not c.note]
+        others = [c for c in others if c.key() != own.key()]
+        best = max(others, key=lambda c: c.expected_rate, default=None)
+        beaten = (
+            ""
+            if best is None
+            else (
+                f": the best other setting ({_workers(best.num_workers)}, "
+                f"{rate_text(best.samples_per_s)} samples/s) was not {MIN_GAIN:.0%} faster"
+            )
+        )
+        return f"the loader's own setting ({setting}) is kept{beaten}"
+    return f"; the loader's own setting ({setting}) gave {rate_text(own.samples_per_s)}"
 
 
 def _at_cap(result: SearchResult, budget: LoaderBudget, chosen: LoaderCandidate) -> str:
@@ -144,7 +182,9 @@ def explain(
             None,
             (),
         )
-    if result.target_met and consumption_rate is not None:
+    if result.own_kept:
+        reason = _own(result)
+    elif result.target_met and consumption_rate is not None:
         reason = (
             f"{_workers(chosen.num_workers)} reach{'es' if chosen.num_workers <= 1 else ''} "
             f"{TARGET_MARGIN:g}x the consumption rate ({rate_text(chosen.samples_per_s)} vs target "
@@ -156,6 +196,8 @@ def explain(
             reason += f"; {_workers(below.num_workers)} gave {rate_text(below.samples_per_s)}"
     else:
         reason = _why(result, budget, chosen)
+    if not result.own_kept:
+        reason += _past_budget(budget) + _own(result)
     if result.stop == "time" and "time budget" not in reason:
         reason += "; the time budget ended the search"
     shortfall = None

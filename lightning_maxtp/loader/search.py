@@ -8,14 +8,19 @@ tested with canned measurements. The rule, from the project's seeds:
    data sets so cheap that handing batches between processes costs more than it saves.
 2. Grow workers 1, 2, 4, 8, ... while each step gains >= 5 % (a step that looks flat is
    measured again, both sides, before growth stops); stop as soon as the loader reaches 1.25x
-   the consumption rate (when known); never beyond the worker cap (CPU budget, RAM and
-   ``/dev/shm`` measured per worker). When loading in the main process keeps the CPU busy
+   the consumption rate (when known). The CPU budget is where doubling stops, not where the
+   search must: past it workers grow by half their number at a time, each step gaining >= 5 %
+   (measured again when the gain is under 10 %), up to the ceiling (``worker_ceiling``), RAM
+   and ``/dev/shm`` measured per worker. When loading in the main process keeps the CPU busy
    less than half the time it takes (it waits on reads: network storage, a slow disk), a
    worker costs that share of a core, so the CPU budget is divided by the share, at most
    ``IO_FACTOR`` times (the ``storage`` diagnosis uses the same multiple).
 3. Bisect between the last two counts for the fewest workers within 5 % of the best (or the
    fewest that reach the target), so doubling never buys workers that do not measurably help.
 4. At that count, try a deeper prefetch (4 instead of 2); keep it only if it gains >= 5 %.
+5. Never slower than the loader's own setting: it is measured too, and when the choice beats it
+   by less than 5 %, both are measured again; the choice must then still be faster (or as fast
+   with fewer workers), else the loader's own setting stays.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ class _Search:
         memory_bytes: int | None,
         shm_bytes: int | None,
         raise_for_io: bool,
+        ceiling: int | None = None,
     ) -> None:
-        self.measure, self.consumption = measure, consumption_rate
+        self.measure, self.consumption, self.ceiling = measure, consumption_rate, ceiling
         self.cpu_workers, self.memory_bytes, self.shm_bytes = cpu_workers, memory_bytes, shm_bytes
         self.raise_for_io = raise_for_io
         self.io_workers: int | None = None
@@ -59,9 +65,21 @@ class _Search:
         self.out_of_time = False
 
     @property
+    def budget(self) -> int:
+        """The CPU budget (raised for I/O): doubling stops here, careful steps go on."""
+        return self.io_workers or self.cpu_workers
+
+    @property
     def cap(self) -> int:
-        caps = [self.io_workers or self.cpu_workers, self.memory_workers, self.shm_workers]
+        cpu = max(self.ceiling or 0, self.budget)
+        caps = [cpu, self.memory_workers, self.shm_workers]
         return min(c for c in caps if c is not None)
+
+    def next_count(self, workers: int) -> int:
+        """Double up to the budget; past it, grow by half (at least one) up to the cap."""
+        if workers < self.budget:
+            return min(2 * workers, self.budget)
+        return min(workers + max(1, workers // 2), self.cap)
 
     def raise_cap_for_io(self, base: LoaderCandidate) -> None:
         """Divide the CPU budget by the CPU share of loading when it mostly waits on I/O."""
@@ -101,7 +119,7 @@ class _Search:
             return None
         self._update_caps(candidate)
         if candidate.num_workers > self.cap:
-            candidate = replace(candidate, note=self._over_cap_note())
+            candidate = replace(candidate, note=self._over_cap_note(candidate.num_workers))
         elif not candidate.complete:
             candidate = replace(candidate, note="too few batches timed (time budget)")
         self.tried.append(candidate)
@@ -142,10 +160,12 @@ class _Search:
             in_flight = (c.prefetch_factor or DEFAULT_PREFETCH) * c.batch_bytes
             self.shm_workers = int(self.shm_bytes // in_flight)
 
-    def _over_cap_note(self) -> str:
-        if self.memory_workers is not None and self.memory_workers == self.cap:
+    def _over_cap_note(self, workers: int) -> str:
+        if self.memory_workers is not None and workers > self.memory_workers:
             return f"over the RAM budget ({self.memory_workers} workers fit)"
-        return f"over the /dev/shm budget ({self.shm_workers} workers fit)"
+        if self.shm_workers is not None and workers > self.shm_workers:
+            return f"over the /dev/shm budget ({self.shm_workers} workers fit)"
+        return f"over the CPU cap ({self.cap} workers)"
 
     def eligible(self) -> list[LoaderCandidate]:
         """Complete candidates within the caps, scored as of now."""
@@ -173,15 +193,16 @@ class _Search:
                 return "time"
             if meets_target(current, self.consumption):
                 return "target"
-            if previous is not None and current.samples_per_s < previous.samples_per_s * (
-                1 + MIN_GAIN
-            ):
+            # Past the budget a worker takes a core training or another rank may need: a gain
+            # close to the threshold is measured again before the search goes on.
+            close = (1 + 2 * MIN_GAIN) if workers > self.budget else (1 + MIN_GAIN)
+            if previous is not None and current.samples_per_s < previous.samples_per_s * close:
                 previous, current = self.confirm(previous, current)
                 if current.samples_per_s < previous.samples_per_s * (1 + MIN_GAIN):
                     return "no_gain"
             if workers >= self.cap:
                 return "cap"
-            previous, workers = current, min(2 * workers, self.cap)
+            previous, workers = current, self.next_count(workers)
         return "time" if self.out_of_time else "cap"
 
     def trim(self) -> None:
@@ -218,6 +239,8 @@ def search(
     shm_bytes: int | None = None,
     try_deep_prefetch: bool = True,
     raise_for_io: bool = True,
+    ceiling: int | None = None,
+    own: tuple[int, int | None] | None = None,
 ) -> SearchResult:
     """Measure settings by the rule in the module docstring and pick the cheapest good one.
 
@@ -238,6 +261,10 @@ def search(
         try_deep_prefetch: Whether to try ``prefetch_factor=4`` at the chosen worker count.
         raise_for_io: Whether ``cpu_workers`` may be raised when loading waits on I/O (off
             when the caller's own ``max_workers`` set it).
+        ceiling: Most workers the search may reach past ``cpu_workers`` while each step
+            still gains (``None``: ``cpu_workers`` is a hard cap).
+        own: The loader's own ``(num_workers, prefetch_factor)``: the choice must not be
+            slower than it (``None``: not compared).
 
     Returns:
         Every candidate in the order measured (scored), the chosen one and why growing stopped.
@@ -249,6 +276,7 @@ def search(
         memory_bytes=memory_bytes,
         shm_bytes=shm_bytes,
         raise_for_io=raise_for_io,
+        ceiling=ceiling,
     )
     stop = s.grow()
     s.trim()
@@ -261,6 +289,11 @@ def search(
             if deep.expected_rate >= chosen.expected_rate * (1 + MIN_GAIN):
                 chosen = deep
                 target_met = meets_target(chosen, consumption_rate)
+    mine, own_kept = None, False
+    if own is not None and chosen is not None and chosen.key() != (own[0], own[1] or 0):
+        mine, chosen = _against_own(s, chosen, own)
+        own_kept = mine is not None and chosen.key() == mine.key()
+        target_met = meets_target(chosen, consumption_rate)
     return SearchResult(
         candidates=tuple(s.scored(c) for c in s.tried),
         chosen=None if chosen is None else s.scored(chosen),
@@ -271,4 +304,28 @@ def search(
         target_met=target_met,
         device_rate=s.device_rate,
         io_workers=s.io_workers,
+        ceiling_workers=ceiling,
+        own=None if mine is None else s.scored(mine),
+        own_kept=own_kept,
     )
+
+
+def _against_own(
+    s: _Search, chosen: LoaderCandidate, own: tuple[int, int | None]
+) -> tuple[LoaderCandidate | None, LoaderCandidate]:
+    """The loader's own setting measured beside the choice; the faster of the two (rule 5)."""
+    mine = s.run(*own)
+    # A user's own worker count over the CPU cap is theirs to keep when it is faster; over
+    # the RAM or /dev/shm budget it risks the run, so it is never kept.
+    if mine is None or not mine.complete or mine.note.startswith(("over the RAM", "over the /")):
+        return mine, chosen
+    mine, chosen = s.scored(mine), s.scored(chosen)
+    if chosen.expected_rate < mine.expected_rate * (1 + MIN_GAIN):
+        # Close: both again, each keeping its faster run (a busy moment only slows one down).
+        mine, chosen = s.confirm(mine, chosen)
+    cheaper = chosen.key() < mine.key()
+    if chosen.expected_rate > mine.expected_rate * (1 + MIN_GAIN) or (
+        cheaper and chosen.expected_rate >= mine.expected_rate
+    ):
+        return mine, chosen
+    return mine, mine

@@ -64,18 +64,21 @@ def tune_dataloader(
 ) -> LoaderPlan:
     """Measure ``loader``'s pipeline alone with candidate settings and choose the cheapest good one.
 
-    Workers grow 1, 2, 4, ... while each step gains >= 5 %, stop once the loader reaches 1.25x
-    ``consumption_rate``, and never exceed the CPU, RAM or ``/dev/shm`` budget; the fewest
-    workers within 5 % of the best (or reaching the target) win. When loading in the main
-    process mostly waits (on reads), the CPU budget is raised up to 4x (``LoaderBudget.io_workers``)
-    unless ``max_workers`` is given. Random states are restored
-    afterwards and no worker process is left behind.
+    Workers grow 1, 2, 4, ... up to the CPU budget while each step gains >= 5 %, then past it by
+    smaller steps that must each still gain >= 5 % (measured again when close), up to the
+    probe's ceiling (``LoaderBudget.ceiling_workers``: every core on a GPU host, twice the cores
+    on a CPU-only host, per rank), within the RAM and ``/dev/shm`` budgets; growth stops once
+    the loader reaches 1.25x ``consumption_rate``. The fewest workers within 5 % of the best (or
+    reaching the target) win, and the plan is never slower than the loader's own setting,
+    measured beside it. When loading in the main process mostly waits (on reads), the CPU
+    budget is raised up to 4x (``LoaderBudget.io_workers``). ``max_workers`` is a hard cap.
+    Random states are restored afterwards and no worker process is left behind.
 
     Args:
         loader: The DataLoader to tune; it is not modified (its pipeline is re-run).
         consumption_rate: Samples/s the training step consumes with data ready, if known.
         time_budget_s: Wall-time budget for all measurements.
-        max_workers: Worker cap, instead of the probe's CPU budget (never raised for I/O).
+        max_workers: Hard worker cap, instead of the probe's budget and ceiling (never raised).
         local_world_size: Device processes on this node sharing the CPUs, RAM and
             ``/dev/shm`` (default: ``LOCAL_WORLD_SIZE`` or the probe's device processes).
         pin_memory: Pin batches (default: when CUDA is available).
@@ -122,7 +125,9 @@ def tune_dataloader(
     method = lm.start_method(loader)
     if method != "fork" and limits.cpu_workers > 0:
         check_picklable(loader, method)
-    steps = 4 + math.ceil(math.log2(max(limits.cpu_workers, 1)))
+    top = max(limits.cpu_workers, limits.ceiling_workers or 0, 1)
+    # Doubling up to the budget, a step or two past it, the own setting: one slice each.
+    steps = 6 + math.ceil(math.log2(top))
     slice_s = min(3.0, max(0.1, 0.7 * time_budget_s / steps))
     measured: list[LoaderCandidate] = []
 
@@ -150,6 +155,10 @@ def tune_dataloader(
             memory_bytes=limits.memory_bytes,
             shm_bytes=limits.shm_bytes,
             raise_for_io=max_workers is None,
+            ceiling=limits.ceiling_workers,
+            own=None
+            if max_workers is not None and loader.num_workers > max_workers
+            else (loader.num_workers, loader.prefetch_factor if loader.num_workers else None),
         )
     budget = budget_from(result, limits, time_budget_s)
     chosen = result.chosen

@@ -37,9 +37,10 @@ THREAD_ENV_VARS = (
 def limit_threads(threads: int) -> None:
     """Cap the thread pools of this process to ``threads`` (called inside a worker).
 
-    torch's intra-op pool and OpenCV are set directly; BLAS/OpenMP pools already loaded are set
-    through ``threadpoolctl`` when it is installed; the environment variables cover libraries
-    loaded afterwards. Only libraries already imported are touched, so nothing new is imported.
+    torch's intra-op pool and OpenCV are set directly; BLAS/OpenMP pools already loaded (numpy's
+    OpenBLAS inherited from a forked parent, or loaded when the dataset unpickled) are set
+    through ``threadpoolctl``; the environment variables cover libraries loaded afterwards. Only
+    libraries already imported are touched, so nothing new is imported.
     """
     for name in THREAD_ENV_VARS:
         os.environ[name] = str(threads)
@@ -51,8 +52,13 @@ def limit_threads(threads: int) -> None:
         cv2.setNumThreads(threads)
     try:
         threadpoolctl = importlib.import_module("threadpoolctl")
-    except ImportError:
+    except ImportError:  # a dependency; an environment without it still trains, unlimited
+        log.warning(
+            "threadpoolctl is not installed, so BLAS/OpenMP pools already loaded in this "
+            "worker keep one thread per CPU; `pip install threadpoolctl` to limit them"
+        )
         return
+    # Called without `with`: the limits stay for the worker's life (nothing restores them).
     threadpoolctl.threadpool_limits(limits=threads)
 
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from lightning_maxtp.observe import recommend as rec
+from lightning_maxtp.observe import recommend_loader as loader_rec
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.recommend import Recommendation
 from lightning_maxtp.observe.window import Window
@@ -119,7 +120,7 @@ def _data_side(w: Window) -> list[Diagnosis]:
         dp, st = 0.9, (0.6 if io_high else 0.4)
     else:
         dp, st = (0.6, 0.9) if io_high else (0.85, 0.6)
-    device_rate, loader_rate = rec.loader_rates(w)
+    device_rate, loader_rate = loader_rec.loader_rates(w)
     speedup = device_rate / loader_rate if loader_rate > 0 else None
     evidence = {
         "data_wait_share": _r(share),
@@ -143,10 +144,10 @@ def _data_side(w: Window) -> list[Diagnosis]:
     return [
         Diagnosis(BottleneckKind.DATA_PIPELINE, base * dp,
                   f"data wait {share:.0%} of step, loader CPU-busy ({busy_txt} of a core)"
-                  f"{need}{rates}", evidence, tuple(rec.data_pipeline(w))),
+                  f"{need}{rates}", evidence, tuple(loader_rec.data_pipeline(w))),
         Diagnosis(BottleneckKind.STORAGE, base * st,
                   f"data wait {share:.0%} of step while the loader is idle ({busy_txt} of a "
-                  f"core), I/O wait {_pct(iowait)}{need}", evidence, tuple(rec.storage(w))),
+                  f"core), I/O wait {_pct(iowait)}{need}", evidence, tuple(loader_rec.storage(w))),
     ]  # fmt: skip
 
 

@@ -1,4 +1,7 @@
-"""Concrete recommendations (values, not adjectives) for each bottleneck kind.
+"""Concrete recommendations (values, not adjectives) for each bottleneck kind on the device.
+
+The loader's kinds (``data_pipeline``, ``storage``) and the main process's threads are in
+``recommend_loader``.
 
 ``auto_apply`` follows DESIGN's "Knobs": loader knobs and which GPUs are used are the same math;
 batch size, accumulation, precision and compile change the optimization and need an opt-in.
@@ -46,143 +49,34 @@ def _fmt(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def _workers(window: Window) -> int:
+def workers_of(window: Window) -> int:
+    """The window's DataLoader workers (its settings, else the worker processes counted)."""
     if window.context.num_workers is not None:
         return window.context.num_workers
     return window.sampler.num_worker_processes
 
 
-def loader_rates(window: Window) -> tuple[float, float]:
-    """(rate the device could consume, rate the loader delivers), samples/s.
+def main_threads(ctx: JobContext, workers: int) -> Recommendation | None:
+    """On a CPU device: fewer intra-op threads in the main process when workers share the cores.
 
-    With 0 workers the loader runs only while the step waits, so its own rate is samples over
-    the waiting time; with workers it runs alongside and delivers what the job gets.
+    torch sizes the main process's pool from the machine; with busy workers beside it the
+    step's threads and the workers' decoding take turns on the same cores. Same math: the
+    threads split the same operations. ``None`` off the CPU, without workers, or when the pool
+    already fits beside them.
     """
-    device = window.device_samples_per_s
-    wait = sum(window.data_wait_s)
-    if _workers(window) == 0 and wait > 0:
-        return device, sum(window.samples) / wait
-    return device, window.samples_per_s
-
-
-def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
-    """The worker change; for an ``IterableDataset`` only a condition, never applied by itself.
-
-    Each worker iterates the dataset, so more workers yield the stream more times unless the
-    dataset splits it by ``get_worker_info()``.
-    """
-    if not ctx.iterable_dataset:
-        return Recommendation("num_workers", workers, proposed, reason, True)
-    condition = (
-        "only if the IterableDataset splits its stream by "
-        "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
+    cpus, threads = ctx.cpus_per_rank, ctx.intra_op_threads
+    if ctx.device_type != "cpu" or not workers or cpus is None or threads is None:
+        return None
+    fits = max(1, cpus - workers)
+    if threads <= fits:
+        return None
+    return Recommendation(
+        "intra_op_threads",
+        threads,
+        fits,
+        f"{workers} worker(s) share {cpus} CPUs with the step's {threads} threads",
+        True,
     )
-    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
-
-
-def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
-    """Prefetch and persistence: knobs of a loader that already has workers."""
-    recs: list[Recommendation] = []
-    if workers == 0:  # they do nothing without workers; the next round, once workers pay
-        return recs
-    if proposed > 0 and (ctx.prefetch_factor or 2) < 4:
-        recs.append(
-            Recommendation(
-                "prefetch_factor",
-                ctx.prefetch_factor or 2,
-                4,
-                "absorb batch-to-batch variation in load time",
-                True,
-            )
-        )
-    if proposed > 0 and ctx.persistent_workers is False:
-        recs.append(
-            Recommendation(
-                "persistent_workers", False, True, "no worker restart at every epoch", True
-            )
-        )
-    return recs
-
-
-def data_pipeline(window: Window) -> list[Recommendation]:
-    """More workers (sized from the measured speedup), then prefetch, then pre-encoding."""
-    ctx, workers = window.context, _workers(window)
-    device_rate, loader_rate = loader_rates(window)
-    speedup = device_rate / loader_rate if loader_rate > 0 else math.inf
-    need = max(1, math.ceil(round(max(workers, 1) * speedup * 1.1, 6)))
-    budget = ctx.cpu_worker_budget
-    proposed = need if budget is None else min(need, budget)
-    recs: list[Recommendation] = []
-    if workers == 0:
-        # Loading in the main process runs in series with the step; any worker overlaps it.
-        proposed = max(1, proposed)
-    if proposed > workers and (speedup > 1 or workers == 0):
-        if speedup > 1:
-            reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, "
-            reason += f"gets {loader_rate:.0f}/s"
-            if workers == 0:
-                reason += "; a worker also overlaps loading with the step"
-        else:
-            reason = (
-                f"loading ({loader_rate:.0f}/s alone) is fast enough for the device "
-                f"({device_rate:.0f}/s) but runs in series with the step; a worker overlaps it"
-            )
-        if budget is not None:
-            reason += f"; CPU budget {budget} workers"
-        recs.append(_num_workers(ctx, workers, proposed, reason))
-    recs += _loader_tail(ctx, workers, max(proposed, workers))
-    if budget is not None and need > budget and ctx.dataset != "TensorDataset":
-        gpu = " or GPU decode (nvjpeg/DALI)" if ctx.device_type == "cuda" else ""
-        recs.append(
-            Recommendation(
-                "decode",
-                "CPU in workers",
-                f"pre-encoded tensors{gpu}",
-                f"needs ~{need} workers, CPU budget allows {budget}",
-                False,
-            )
-        )
-    return recs
-
-
-def storage(window: Window) -> list[Recommendation]:
-    """More reads in flight (idle workers cost little CPU), then local copies and shards."""
-    ctx, workers = window.context, _workers(window)
-    budget = ctx.cpu_worker_budget
-    proposed = max(2 * workers, workers + 2)
-    if budget is not None:
-        # Waiting workers use little CPU, so the cap is a multiple of the CPU budget, of one
-        # worker's at least (ranks that take every core still have room for reads in flight).
-        proposed = min(proposed, max(th.IO_WORKER_FACTOR * max(budget, 1), workers))
-    recs: list[Recommendation] = []
-    if proposed > workers:
-        reason = "workers wait on reads: more reads in flight hide latency"
-        recs.append(_num_workers(ctx, workers, proposed, reason))
-    if workers > 0 and (ctx.prefetch_factor or 2) < 8:
-        recs.append(
-            Recommendation(
-                "prefetch_factor", ctx.prefetch_factor or 2, 8, "deeper read-ahead per worker", True
-            )
-        )
-    recs.append(
-        Recommendation(
-            "dataset location",
-            "network/slow disk",
-            "local NVMe or /dev/shm",
-            "copy or cache once, read locally",
-            False,
-        )
-    )
-    recs.append(
-        Recommendation(
-            "dataset format",
-            "one file per sample",
-            "sharded sequential files (tar/WebDataset)",
-            "large sequential reads instead of many small ones",
-            False,
-        )
-    )
-    return recs
 
 
 def bf16_ok(ctx: JobContext) -> bool:
@@ -231,9 +125,10 @@ def batch_growth(window: Window) -> Recommendation | None:
 
 
 def compute(window: Window) -> list[Recommendation]:
-    """Bigger batch, lower precision, compile: all change the math, so opt-in."""
+    """Main threads beside busy workers (CPU); bigger batch, lower precision, compile (opt-in)."""
     ctx = window.context
-    recs = [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
+    recs = [main_threads(ctx, workers_of(window))]
+    recs += [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
     if ctx.compiled is not True:
         recs.append(
             Recommendation("torch.compile", False, True, "fuses elementwise kernels", False)
@@ -315,7 +210,7 @@ def host_overhead(window: Window) -> list[Recommendation]:
                 True,
             )
         )
-    if _workers(window) > 0 and ctx.persistent_workers is False:
+    if workers_of(window) > 0 and ctx.persistent_workers is False:
         recs.append(
             Recommendation(
                 "persistent_workers", False, True, "no worker restart at every epoch", True

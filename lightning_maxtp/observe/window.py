@@ -44,6 +44,10 @@ class JobContext:
     persistent_workers: bool | None = None
     cpu_worker_budget: int | None = None
     """DataLoader workers this process may start (the probe's ``cpu_workers_per_process``)."""
+    cpu_worker_ceiling: int | None = None
+    """Most workers the loop may try past the budget, one at a time (``worker_ceiling``)."""
+    cpus_per_rank: int | None = None
+    """Effective CPUs of this node divided by its ranks (what this process's threads share)."""
     intra_op_threads: int | None = None
     """``torch.get_num_threads()`` of the training process."""
     compiled: bool | None = None

@@ -31,6 +31,7 @@ __all__ = [
     "MemoryInfo",
     "Resources",
     "inspect_resources",
+    "worker_ceiling",
     "workers_per_process",
 ]
 
@@ -195,6 +196,26 @@ def workers_per_process(cpu: CpuInfo, processes: int) -> int:
     """
     ranks = max(1, processes)
     return max(0, (cpu.effective - ranks) // ranks)
+
+
+CEILING_FACTOR_CPU_ONLY = 2
+"""On a host without GPUs the worker search may go up to this many workers per effective CPU."""
+
+
+def worker_ceiling(cpu: CpuInfo, processes: int, *, has_gpus: bool) -> int:
+    """The most DataLoader workers a measured search may reach per device process.
+
+    ``workers_per_process`` is where the search starts being cautious, not where it must
+    stop: the main process of a data-bound job mostly waits, so its core is free for a worker,
+    and a worker that waits on reads leaves its core to others. Past the budget each worker
+    must still gain >= 5 % (measured). The ceiling is what can be defended without measuring:
+    on a GPU host every core (the main processes wait on the GPUs), on a CPU-only host twice
+    the cores (training computes there too, so the real-step trial decides), shared by the
+    ranks on the node; never below the budget.
+    """
+    ranks = max(1, processes)
+    factor = 1 if has_gpus else CEILING_FACTOR_CPU_ONLY
+    return max(workers_per_process(cpu, ranks), factor * cpu.effective // ranks)
 
 
 def _busy_reason(gpu: GpuInfo) -> str | None:

@@ -135,6 +135,20 @@ def thread_report(worker_id: int) -> None:
     info.dataset.init_ran = (worker_id, torch.get_num_threads())  # type: ignore[attr-defined]
 
 
+class BlasThreadsDataset(Dataset[tuple[int, int]]):
+    """``(index, threads of the BLAS pools numpy loaded)`` as seen inside a worker."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        from threadpoolctl import threadpool_info
+
+        np.ones((8, 8)) @ np.ones((8, 8))  # the pool exists and has run
+        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        return index, max(blas, default=-1)
+
+
 class ThreadsDataset(Dataset[tuple[int, int, int, int]]):
     """``(index, torch threads, OMP_NUM_THREADS, threads seen by thread_report)`` in a worker."""
 

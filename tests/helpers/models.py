@@ -30,3 +30,22 @@ class IdModel(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class MatmulModel(pl.LightningModule):
+    """Compute-bound on the CPU: a wide MLP whose step keeps torch's intra-op threads busy."""
+
+    def __init__(self, features: int = 32, width: int = 1024) -> None:
+        super().__init__()
+        # Small inputs, wide layers: the batches cost the loader next to nothing.
+        layers = [
+            torch.nn.Linear(features, width),
+            *(torch.nn.Linear(width, width) for _ in range(3)),
+        ]
+        self.net = torch.nn.Sequential(*layers)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-4)

@@ -199,8 +199,72 @@ def test_persistence_follows_start_up_share_of_an_epoch() -> None:
     assert keep is False and "would change the shuffling order after the first epoch" in why
 
 
+def test_goes_past_the_cpu_budget_while_each_step_gains_and_says_so() -> None:
+    table = Table(saturating(knee=3))
+    result = search(table, cpu_workers=1, ceiling=4)
+    # Budget 1: past it, one worker at a time; 3 -> 4 looked flat and was measured again.
+    assert table.tried == [(0, None), (1, 2), (2, 2), (3, 2), (4, 2), (4, 2), (3, 2), (3, 4)]
+    assert result.stop == "no_gain"
+    assert result.chosen is not None and result.chosen.num_workers == 3
+    budget = _budget(result)
+    assert budget.past_budget and budget.ceiling_workers == 4
+    reason = explain(result, budget, None, "").reason
+    assert "past the CPU budget of 1 worker(s)" in reason
+    assert "4 workers (prefetch 2) gave +0%" in reason
+
+
+def test_past_the_budget_a_flat_step_stops_the_search_at_the_budget() -> None:
+    table = Table(saturating(knee=1))
+    result = search(table, cpu_workers=1, ceiling=4, try_deep_prefetch=False)
+    assert table.tried == [(0, None), (1, 2), (2, 2), (2, 2), (1, 2)]
+    assert result.chosen is not None and result.chosen.num_workers == 1
+    assert not _budget(result).past_budget
+
+
+def test_past_the_budget_a_small_gain_is_measured_again_before_growing() -> None:
+    # +8 % past the budget: over the 5 % threshold but under 10 %, so both sides run again.
+    table = Table(lambda w, p: {0: 50, 1: 100, 2: 108}.get(w, 108))
+    result = search(table, cpu_workers=1, ceiling=3, try_deep_prefetch=False)
+    assert table.tried[:5] == [(0, None), (1, 2), (2, 2), (2, 2), (1, 2)]
+    assert (3, 2) in table.tried
+    assert result.chosen is not None and result.chosen.num_workers == 2
+
+
+def test_reaching_the_ceiling_while_gaining_names_the_ceiling() -> None:
+    table = Table(saturating(knee=8))
+    result = search(table, cpu_workers=1, ceiling=4, try_deep_prefetch=False)
+    assert result.stop == "cap" and result.chosen is not None
+    assert result.chosen.num_workers == 4
+    reason = explain(result, _budget(result), None, "").reason
+    assert "the cap is the CPU ceiling of 4 worker(s), past the CPU budget: 1" in reason
+
+
+def test_the_loaders_own_faster_setting_is_never_replaced_by_a_slower_one() -> None:
+    table = Table(saturating(knee=8))
+    result = search(table, cpu_workers=2, own=(4, 2), try_deep_prefetch=False)
+    assert result.own_kept and result.chosen is not None
+    assert (result.chosen.num_workers, result.chosen.prefetch_factor) == (4, 2)
+    reason = explain(result, _budget(result), None, "").reason
+    assert reason.startswith("the loader's own setting (4 workers, prefetch 2) is kept")
+
+
+def test_a_close_win_over_the_loaders_own_setting_is_measured_again() -> None:
+    # The own setting (8 workers) is 3 % slower than the pick (2 workers): measured again,
+    # and the cheaper pick, still not slower, stays.
+    table = Table(lambda w, p: {0: 50, 1: 100, 2: 200, 8: 194}.get(w, 200))
+    result = search(table, cpu_workers=2, own=(8, 2), try_deep_prefetch=False)
+    assert table.tried.count((8, 2)) == 2 and table.tried.count((2, 2)) >= 2
+    assert not result.own_kept and result.chosen is not None
+    assert result.chosen.num_workers == 2 and result.own is not None
+    reason = explain(result, _budget(result), None, "").reason
+    assert "the loader's own setting (8 workers, prefetch 2) gave 194" in reason
+
+
 def _budget(result, *, memory_bytes=None):  # type: ignore[no-untyped-def]
     from lightning_maxtp.loader.budget import Limits, budget_from
 
-    limits = Limits(result.cpu_workers, result.cpu_workers, "test", memory_bytes, None)
+    limits = Limits(
+        result.cpu_workers, result.cpu_workers, "test", memory_bytes, None,
+        ceiling_workers=result.ceiling_workers,
+    )  # fmt: skip
     return budget_from(result, limits, 15.0)

@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from functools import partial
 from multiprocessing import resource_tracker
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from lightning_maxtp.loader.worker_limits import WorkerThreadLimit, unwrap_worker_init_fn
-from tests.helpers.loader_data import ThreadsDataset, thread_report
+from tests.helpers.loader_data import BlasThreadsDataset, ThreadsDataset, thread_report
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,6 +43,29 @@ def test_limits_threads_then_runs_the_users_init(method: str) -> None:
     # ran after the limits, in the worker, under both start methods.
     assert rows(loader) == [(i, 2, 2, 2) for i in range(4)]
     assert os.environ.get("OMP_NUM_THREADS") == before  # only the worker was limited
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_blas_pools_already_loaded_are_limited_inside_each_worker(method: str) -> None:
+    # numpy's OpenBLAS sized its pool from the machine when this process loaded it; a forked
+    # worker inherits that pool, and a spawned one loads it again when the dataset unpickles:
+    # only threadpoolctl can shrink a pool that already exists.
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> int:
+        return max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+    np.ones((8, 8)) @ np.ones((8, 8))
+    parent = blas_threads()
+    loader = DataLoader(
+        BlasThreadsDataset(),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context=method,
+        worker_init_fn=WorkerThreadLimit(1),
+    )
+    assert rows(loader) == [(0, 1), (1, 1)]
+    assert blas_threads() == parent  # the main process keeps its own pool
 
 
 def test_without_a_limit_workers_keep_torchs_single_thread() -> None:

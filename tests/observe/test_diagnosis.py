@@ -163,6 +163,43 @@ def test_compute_on_gpu_recommends_batch_and_bf16_with_values() -> None:
     assert not any(r.auto_apply for r in top.recommendations)
 
 
+def test_past_the_cpu_budget_one_more_worker_at_a_time_up_to_the_ceiling() -> None:
+    ctx = JobContext(num_workers=1, cpu_worker_budget=1, cpu_worker_ceiling=4, prefetch_factor=4,
+                     persistent_workers=True)  # fmt: skip
+    sampler = SamplerSeries(worker_cpu_percent=(95.0,) * 5, num_worker_processes=1)
+    top = diagnose(window(100, 80, sampler=sampler, context=ctx))[0]
+    assert top.kind is BottleneckKind.DATA_PIPELINE
+    first = top.recommendations[0]
+    assert (first.knob, first.current, first.proposed, first.auto_apply) == (
+        "num_workers", 1, 2, True)  # fmt: skip
+    assert "past the CPU budget of 1 workers one at a time" in first.reason
+    assert "ceiling 4" in first.reason
+    at_ceiling = dataclasses.replace(ctx, num_workers=4)
+    sampler4 = dataclasses.replace(sampler, num_worker_processes=4)
+    recs = diagnose(window(100, 80, sampler=sampler4, context=at_ceiling))[0].recommendations
+    assert "num_workers" not in [r.knob for r in recs]
+    no_ceiling = dataclasses.replace(ctx, cpu_worker_ceiling=None)
+    recs = diagnose(window(100, 80, sampler=sampler, context=no_ceiling))[0].recommendations
+    assert "num_workers" not in [r.knob for r in recs]  # the budget is a hard cap then
+
+
+def test_on_the_cpu_the_main_threads_shrink_beside_busy_workers() -> None:
+    ctx = JobContext(intra_op_threads=2, compiled=False, num_workers=1, cpus_per_rank=2)
+    w = window(100, 1, context=ctx, sampler=SamplerSeries(main_cpu_percent=(192.0,) * 5))
+    top = diagnose(w)[0]
+    assert top.kind is BottleneckKind.COMPUTE
+    first = top.recommendations[0]
+    assert (first.knob, first.current, first.proposed, first.auto_apply) == (
+        "intra_op_threads", 2, 1, True)  # fmt: skip
+    assert "1 worker(s) share 2 CPUs with the step's 2 threads" in first.reason
+    for other in (dataclasses.replace(ctx, num_workers=0),
+                  dataclasses.replace(ctx, intra_op_threads=1)):  # fmt: skip
+        recs = diagnose(
+            window(100, 1, context=other, sampler=SamplerSeries(main_cpu_percent=(96.0,) * 5))
+        )[0]
+        assert "intra_op_threads" not in [r.knob for r in recs.recommendations]
+
+
 def test_compute_with_every_knob_in_use_is_healthy() -> None:
     ctx = JobContext(**{**H200.to_dict(), "precision": "bf16-mixed", "compiled": True,
                         "unused_free_gpus": ()})  # fmt: skip

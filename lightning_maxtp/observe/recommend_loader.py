@@ -1,0 +1,163 @@
+"""Recommendations for the loader's bottleneck kinds (``data_pipeline``, ``storage``).
+
+Workers are sized from the measured speedup within the probe's CPU budget; past it, one more
+worker at a time up to the ceiling (``resources.probe.worker_ceiling``), each judged on real
+steps by the closed loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lightning_maxtp.observe import thresholds as th
+from lightning_maxtp.observe.recommend import Recommendation, main_threads, workers_of
+from lightning_maxtp.observe.window import JobContext, Window
+
+__all__ = ["data_pipeline", "loader_rates", "storage"]
+
+
+def loader_rates(window: Window) -> tuple[float, float]:
+    """(rate the device could consume, rate the loader delivers), samples/s.
+
+    With 0 workers the loader runs only while the step waits, so its own rate is samples over
+    the waiting time; with workers it runs alongside and delivers what the job gets.
+    """
+    device = window.device_samples_per_s
+    wait = sum(window.data_wait_s)
+    if workers_of(window) == 0 and wait > 0:
+        return device, sum(window.samples) / wait
+    return device, window.samples_per_s
+
+
+def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
+    """The worker change; for an ``IterableDataset`` only a condition, never applied by itself.
+
+    Each worker iterates the dataset, so more workers yield the stream more times unless the
+    dataset splits it by ``get_worker_info()``.
+    """
+    if not ctx.iterable_dataset:
+        return Recommendation("num_workers", workers, proposed, reason, True)
+    condition = (
+        "only if the IterableDataset splits its stream by "
+        "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
+    )
+    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
+
+
+def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
+    """Prefetch and persistence: knobs of a loader that already has workers."""
+    recs: list[Recommendation] = []
+    if workers == 0:  # they do nothing without workers; the next round, once workers pay
+        return recs
+    if proposed > 0 and (ctx.prefetch_factor or 2) < 4:
+        recs.append(
+            Recommendation(
+                "prefetch_factor",
+                ctx.prefetch_factor or 2,
+                4,
+                "absorb batch-to-batch variation in load time",
+                True,
+            )
+        )
+    if proposed > 0 and ctx.persistent_workers is False:
+        recs.append(
+            Recommendation(
+                "persistent_workers", False, True, "no worker restart at every epoch", True
+            )
+        )
+    return recs
+
+
+def data_pipeline(window: Window) -> list[Recommendation]:
+    """More workers (sized from the measured speedup), then prefetch, then pre-encoding."""
+    ctx, workers = window.context, workers_of(window)
+    device_rate, loader_rate = loader_rates(window)
+    speedup = device_rate / loader_rate if loader_rate > 0 else math.inf
+    need = max(1, math.ceil(round(max(workers, 1) * speedup * 1.1, 6)))
+    budget = ctx.cpu_worker_budget
+    proposed = need if budget is None else min(need, budget)
+    ceiling = ctx.cpu_worker_ceiling
+    past = budget is not None and ceiling is not None and budget <= workers < min(need, ceiling)
+    if past:
+        # The budget is where caution starts: one more worker, which the loop keeps only if
+        # real steps are faster with it (the main process of a data-bound job mostly waits).
+        proposed = workers + 1
+    recs: list[Recommendation] = []
+    if workers == 0:
+        # Loading in the main process runs in series with the step; any worker overlaps it.
+        proposed = max(1, proposed)
+    if proposed > workers and (speedup > 1 or workers == 0):
+        if speedup > 1:
+            reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, "
+            reason += f"gets {loader_rate:.0f}/s"
+            if workers == 0:
+                reason += "; a worker also overlaps loading with the step"
+        else:
+            reason = (
+                f"loading ({loader_rate:.0f}/s alone) is fast enough for the device "
+                f"({device_rate:.0f}/s) but runs in series with the step; a worker overlaps it"
+            )
+        if past:
+            reason += (
+                f"; past the CPU budget of {budget} workers one at a time, kept only if real "
+                f"steps are faster (ceiling {ceiling})"
+            )
+        elif budget is not None:
+            reason += f"; CPU budget {budget} workers"
+        recs.append(_num_workers(ctx, workers, proposed, reason))
+    recs += _loader_tail(ctx, workers, max(proposed, workers))
+    threads = main_threads(ctx, workers)
+    if threads is not None:
+        recs.append(threads)
+    if budget is not None and need > budget and ctx.dataset != "TensorDataset":
+        gpu = " or GPU decode (nvjpeg/DALI)" if ctx.device_type == "cuda" else ""
+        recs.append(
+            Recommendation(
+                "decode",
+                "CPU in workers",
+                f"pre-encoded tensors{gpu}",
+                f"needs ~{need} workers, CPU budget allows {budget}",
+                False,
+            )
+        )
+    return recs
+
+
+def storage(window: Window) -> list[Recommendation]:
+    """More reads in flight (idle workers cost little CPU), then local copies and shards."""
+    ctx, workers = window.context, workers_of(window)
+    budget = ctx.cpu_worker_budget
+    proposed = max(2 * workers, workers + 2)
+    if budget is not None:
+        # Waiting workers use little CPU, so the cap is a multiple of the CPU budget, of one
+        # worker's at least (ranks that take every core still have room for reads in flight).
+        proposed = min(proposed, max(th.IO_WORKER_FACTOR * max(budget, 1), workers))
+    recs: list[Recommendation] = []
+    if proposed > workers:
+        reason = "workers wait on reads: more reads in flight hide latency"
+        recs.append(_num_workers(ctx, workers, proposed, reason))
+    if workers > 0 and (ctx.prefetch_factor or 2) < 8:
+        recs.append(
+            Recommendation(
+                "prefetch_factor", ctx.prefetch_factor or 2, 8, "deeper read-ahead per worker", True
+            )
+        )
+    recs.append(
+        Recommendation(
+            "dataset location",
+            "network/slow disk",
+            "local NVMe or /dev/shm",
+            "copy or cache once, read locally",
+            False,
+        )
+    )
+    recs.append(
+        Recommendation(
+            "dataset format",
+            "one file per sample",
+            "sharded sequential files (tar/WebDataset)",
+            "large sequential reads instead of many small ones",
+            False,
+        )
+    )
+    return recs
