@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
-from lightning_maxtp.resources.probe import workers_per_process
+from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -48,8 +48,12 @@ def plan_line(
     gpus = ", ".join(g.name or f"GPU {g.index}" for g in resources.gpus) or "none"
     own = config.max_workers
     budget = own if own is not None else workers_per_process(resources.cpu, local_ranks)
+    ceiling = worker_ceiling(resources.cpu, local_ranks, has_gpus=bool(resources.gpus))
     raised = (
-        "" if own is not None else f" (up to {IO_WORKER_FACTOR}x for loading that waits on reads)"
+        ""
+        if own is not None
+        else f" (past it while each worker pays, up to {ceiling}; up to {IO_WORKER_FACTOR}x "
+        "for loading that waits on reads)"
     )
     return (
         f"plan: {resources.cpu.effective} usable CPUs shared by {local_ranks} rank(s) on this "
