@@ -91,6 +91,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loader-budget", type=float, default=8.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--sweep-workers", default=None, help="e.g. 0,4,8 (default: 0..CPUs)")
+    p.add_argument(
+        "--threads", type=int, default=None,
+        help="torch.set_num_threads for every fit, as a user's script may set it",
+    )  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny sizes: the plumbing only")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--table", type=Path, default=None)
@@ -119,6 +123,10 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     )
 
     pl.seed_everything(0, verbose=False)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     spec = JpegSpec(images=args.images, image_size=args.image_size)
     root = generate_jpeg_dataset(default_data_dir(spec), spec)
     dataset = JpegFolderDataset(root, args.crop, read_latency_s=args.read_latency_ms / 1000)
