@@ -111,6 +111,11 @@ NOISE_FACTOR = 2.0
 settings, taken from just two pairs, is itself a rough estimate of how much a window varies."""
 
 
+THIRD_PAIR_GAIN = 2.0
+"""Two pairs that gain at least this many times ``min_gain`` but not beyond the noise earn a
+third pair before the verdict."""
+
+
 def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     """What to do after a trial's windows: measure again, or the verdict, and the noise.
 
@@ -124,6 +129,13 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     two windows of the same settings differed), and both trial windows beat both reference
     windows. A trial that does not even look like a gain is reverted at once.
 
+    On a noisy machine two pairs can leave a large gain undecided (one slow window makes the
+    noise as large as the gain). When the two pairs' gain is at least twice ``min_gain``, a
+    third pair is measured (``R3, T3``) and decides by ranks: kept when every trial window beats
+    every reference window (a chance of 1 in 20 when the knob does nothing) and the median
+    trial window beats the median reference window by ``min_gain``; medians, so that one
+    stalled window cannot make the gain.
+
     Returns:
         ``("old", None)`` or ``("new", None)``: measure the next window with those settings;
         else ``(verdict, noise)`` with the verdict ``kept``, ``reverted`` or ``undecided``.
@@ -131,8 +143,10 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     if len(rates) == 2:
         r1, t1 = rates
         return ("old", None) if r1 > 0 and t1 >= r1 * (1 + min_gain) else ("reverted", None)
-    if len(rates) == 3:
+    if len(rates) in (3, 5):
         return "new", None
+    if len(rates) >= 6:
+        return _third_pair(rates[:6], min_gain)
     r1, t1, r2, t2 = rates[:4]
     ref, trial = (r1 + r2) / 2, (t1 + t2) / 2
     noise = max(abs(r1 - r2) / ref, abs(t1 - t2) / trial) if ref > 0 and trial > 0 else 1.0
@@ -140,6 +154,23 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     if gain < min_gain:
         return "reverted", noise
     if gain > NOISE_FACTOR * noise and min(t1, t2) > max(r1, r2):
+        return "kept", noise
+    if gain >= THIRD_PAIR_GAIN * min_gain:
+        return "old", None
+    return "undecided", noise
+
+
+def _third_pair(rates: list[float], min_gain: float) -> tuple[str, float | None]:
+    """The verdict from three pairs: ranks and medians (see ``judge``)."""
+    refs, trials = sorted(rates[0::2]), sorted(rates[1::2])
+    ref, trial = refs[1], trials[1]
+    if ref <= 0 or trial <= 0:
+        return "reverted", 1.0
+    noise = max((refs[-1] - refs[0]) / ref, (trials[-1] - trials[0]) / trial)
+    gain = trial / ref - 1
+    if gain < min_gain:
+        return "reverted", noise
+    if trials[0] > refs[-1]:
         return "kept", noise
     return "undecided", noise
 
