@@ -29,6 +29,7 @@ __all__ = [
     "PAYBACK_SHARE",
     "loader_plan_trial",
     "measure_loader",
+    "most_workers",
     "plan_change",
     "plan_line",
 ]
@@ -64,6 +65,21 @@ def plan_line(
         f"{config.time_budget_s:.0f} s; batch size "
         f"{'may change' if config.allow_batch_size_change else 'unchanged'}."
     )
+
+
+def most_workers(config: TuningConfig, resources: Resources | None, local_ranks: int) -> int | None:
+    """The most workers ``tune_dataloader`` may try for this job (``None``: unknown).
+
+    The user's ``max_workers``, else the larger of the probe's ceiling and the budget raised
+    for loading that waits on reads.
+    """
+    if config.max_workers is not None:
+        return config.max_workers
+    if resources is None:
+        return None
+    budget = workers_per_process(resources.cpu, local_ranks)
+    ceiling = worker_ceiling(resources.cpu, local_ranks, has_gpus=bool(resources.gpus))
+    return max(ceiling, IO_WORKER_FACTOR * max(budget, 1))
 
 
 def measure_loader(
@@ -109,6 +125,17 @@ def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
     cost (and is drawn as a blocked span); a run whose budget cannot pay for it skips it.
     """
     assert tuner.loop.ref is not None and tuner.loader is not None
+    most = most_workers(tuner.config, tuner.resources, tuner.local_ranks)
+    workers = tuner.loader.settings().get("num_workers") or 0
+    if most is not None and workers >= most:
+        # The search could only try fewer workers or a deeper prefetch: the loop tries those
+        # on real steps without stopping training to measure the loader alone.
+        tuner.note(
+            f"the loader is not measured alone: it already has {workers} workers, the most the "
+            "search may try on this machine; single knobs are tried on real steps instead"
+        )
+        tuner.loader_plan = False
+        return None
     cost, ref = tuner.summary.cost, tuner.loop.ref
     # The most a loader fast enough could save: the rest of the fit without its data wait.
     rest = cost.remaining_s(tuner.loop.steps) if cost is not None else None

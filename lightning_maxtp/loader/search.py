@@ -18,8 +18,9 @@ tested with canned measurements. The rule, from the project's seeds:
 3. Bisect between the last two counts for the fewest workers within 5 % of the best (or the
    fewest that reach the target), so doubling never buys workers that do not measurably help.
 4. At that count, try a deeper prefetch (4 instead of 2); keep it only if it gains >= 5 %.
-5. Never slower than the loader's own setting: it is measured too, and when the choice beats it
-   by less than 5 %, both are measured again; the choice must then still be faster (or as fast
+5. Never slower than the loader's own setting: it is measured first (after nothing else, so a
+   search the time budget cuts short still has it), and when the choice beats it by less than
+   5 %, both are measured again; the choice must then still be faster (or as fast
    with fewer workers), else the loader's own setting stays.
 """
 
@@ -278,6 +279,10 @@ def search(
         raise_for_io=raise_for_io,
         ceiling=ceiling,
     )
+    if own is not None and own[0] > 0:
+        # Measured first, while the time budget lasts: a search cut short by it must still
+        # be compared with what the loader already does (rule 5).
+        s.run(*own)
     stop = s.grow()
     s.trim()
     chosen = s.choose()

@@ -169,6 +169,11 @@ def tune_dataloader(
     persistent, persistent_why = persistence(
         chosen, batches, method, keeps_order=keeps_order_when_persistent(loader)
     )
+    if result.own_kept or (
+        chosen is not None and chosen.key() == (loader.num_workers, loader.prefetch_factor or 0)
+    ):
+        # The loader's own workers stay as they are, persistence included.
+        persistent, persistent_why = loader.persistent_workers, ""
     text = explain(result, budget, consumption_rate, persistent_why)
     workers = chosen.num_workers if chosen is not None else loader.num_workers
     notes = []

@@ -373,6 +373,19 @@ def test_a_short_fit_skips_measuring_the_loader_alone_and_reports_the_net_effect
     assert json_cost["budget_s"] == pytest.approx(tuning.cost.budget_s)
 
 
+def test_a_loader_at_the_most_workers_the_search_may_try_is_not_measured_alone() -> None:
+    from lightning_maxtp.callbacks.loader_trial import most_workers
+
+    callback = _callback(max_trials=1, tune_loader=True)
+    most = most_workers(callback.config, inspect_resources(), 1)
+    assert most is not None and most >= 2
+    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, num_workers=most,
+                        persistent_workers=True)  # fmt: skip
+    _trainer([callback], max_steps=40).fit(IdModel(), loader)
+    assert callback.loader_plan is False and callback.tuning.cost.blocked_s == 0.0
+    assert any(f"it already has {most} workers" in n for n in callback.tuning.notes)
+
+
 def test_with_a_budget_the_loader_is_measured_within_what_is_left() -> None:
     callback = _callback(max_trials=1, tune_loader=True, loader_time_budget_s=2.0, cost_share=1.0)
     _fit(callback, max_epochs=1)

@@ -248,6 +248,16 @@ def test_the_loaders_own_faster_setting_is_never_replaced_by_a_slower_one() -> N
     assert reason.startswith("the loader's own setting (4 workers, prefetch 2) is kept")
 
 
+def test_a_search_cut_short_by_time_still_compares_with_the_loaders_own_setting() -> None:
+    # The loader already has 4 workers; the time budget allows three measurements: the own
+    # setting comes first, so the search's 1 worker cannot replace a faster own setting.
+    table = Table(saturating(knee=8), calls_allowed=3)
+    result = search(table, cpu_workers=8, own=(4, 2))
+    assert table.tried == [(4, 2), (0, None), (1, 2)]
+    assert result.stop == "time" and result.chosen is not None
+    assert (result.chosen.num_workers, result.chosen.prefetch_factor) == (4, 2)
+
+
 def test_a_close_win_over_the_loaders_own_setting_is_measured_again() -> None:
     # The own setting (8 workers) is 3 % slower than the pick (2 workers): measured again,
     # and the cheaper pick, still not slower, stays.
