@@ -46,6 +46,8 @@ class MainThreads:
     def __init__(self) -> None:
         self.original: tuple[int, int | None] | None = None
         """``(torch threads, BLAS threads)`` before the first change (``None``: unchanged)."""
+        self.restored_from: int | None = None
+        """The changed size in force until ``restore`` put the original back (for the report)."""
 
     @staticmethod
     def current() -> int:
@@ -67,6 +69,7 @@ class MainThreads:
             raise ValueError(f"`intra_op_threads` must be >= 1, got {threads!r}")
         if self.original is None:
             self.original = (self.current(), _blas_threads())
+        self.restored_from = None
         torch.set_num_threads(threads)
         _set_blas(threads)
 
@@ -77,6 +80,8 @@ class MainThreads:
         import torch
 
         threads, blas = self.original
+        if self.changed:
+            self.restored_from = self.current()
         torch.set_num_threads(threads)
         if blas is not None:
             _set_blas(blas)
@@ -104,6 +109,8 @@ class Knobs:
         settings = self._loader_settings()
         if self.threads.changed:
             settings[THREADS] = self.threads.current()
+        elif self.threads.restored_from is not None:  # in force until the fit ended
+            settings[THREADS] = self.threads.restored_from
         return settings
 
     def context(self) -> dict[str, Any]:

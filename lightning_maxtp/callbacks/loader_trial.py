@@ -50,11 +50,11 @@ def plan_line(
     own = config.max_workers
     budget = own if own is not None else workers_per_process(resources.cpu, local_ranks)
     ceiling = worker_ceiling(resources.cpu, local_ranks, has_gpus=bool(resources.gpus))
+    past = f"past it while each worker pays, up to {ceiling}; " if ceiling > budget else ""
     raised = (
         ""
         if own is not None
-        else f" (past it while each worker pays, up to {ceiling}; up to {IO_WORKER_FACTOR}x "
-        "for loading that waits on reads)"
+        else f" ({past}up to {IO_WORKER_FACTOR}x for loading that waits on reads)"
     )
     return (
         f"plan: {resources.cpu.effective} usable CPUs shared by {local_ranks} rank(s) on this "

@@ -66,7 +66,7 @@ class KnobTrial:
     """How much two windows of the same settings differed (0.1: 10 %), once re-measured."""
     windows: int = 2
     """Windows the judgement read: reference and trial, then each re-measured when it looked
-    like a gain (4)."""
+    like a gain (4), and a third pair when two left a large gain undecided (6)."""
     lost_s: float = 0.0
     """Seconds its windows at the slower settings cost (what the judgement itself cost)."""
 
@@ -130,11 +130,11 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     windows. A trial that does not even look like a gain is reverted at once.
 
     On a noisy machine two pairs can leave a large gain undecided (one slow window makes the
-    noise as large as the gain). When the two pairs' gain is at least twice ``min_gain``, a
-    third pair is measured (``R3, T3``) and decides by ranks: kept when every trial window beats
-    every reference window (a chance of 1 in 20 when the knob does nothing) and the median
-    trial window beats the median reference window by ``min_gain``; medians, so that one
-    stalled window cannot make the gain.
+    noise as large as the gain). When the two pairs' gain is at least twice ``min_gain`` and
+    both trial windows beat both reference windows, a third pair is measured (``R3, T3``) and
+    decides by ranks: kept when every trial window beats every reference window (a chance of 1
+    in 20 when the knob does nothing) and the median trial window beats the median reference
+    window by ``min_gain``; medians, so that one stalled window cannot make the gain.
 
     Returns:
         ``("old", None)`` or ``("new", None)``: measure the next window with those settings;
@@ -155,7 +155,9 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
         return "reverted", noise
     if gain > NOISE_FACTOR * noise and min(t1, t2) > max(r1, r2):
         return "kept", noise
-    if gain >= THIRD_PAIR_GAIN * min_gain:
+    if gain >= THIRD_PAIR_GAIN * min_gain and min(t1, t2) > max(r1, r2):
+        # Only when a third pair can still decide: its rank test needs every trial window
+        # above every reference window, already true of the first two pairs.
         return "old", None
     return "undecided", noise
 

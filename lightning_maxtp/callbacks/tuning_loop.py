@@ -4,7 +4,8 @@
 what it decides (switching the loader, broadcasting under DDP, logging). Phases::
 
     warmup -> baseline -> (settle -> trial [-> settle -> trial (reference again)
-                                             -> settle -> trial (trial again)])* -> monitor
+                                             -> settle -> trial (trial again)
+                                            [-> the third pair, the same way]])* -> monitor
 
 A trial is judged against the reference window (the baseline, or the last kept trial) by
 ``trials.judge``: one that looks like a gain is re-measured, reference and trial in turn,
@@ -201,6 +202,8 @@ class TuningLoop:
         rates = [window_rate(w) for w, _ in t.windows]
         before = sum(rates[0::2]) / len(olds)
         after = sum(rates[1::2]) / len(news) if news else None
+        if len(rates) >= 6:  # three pairs are judged on medians: report what decided
+            before, after = sorted(rates[0::2])[1], sorted(rates[1::2])[1]
         noise = judge(rates, self.min_gain)[1] if len(rates) >= 4 else None
         kept = verdict == "kept"
         steps = sum(w.steps for w, _ in news)

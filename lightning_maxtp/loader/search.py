@@ -79,7 +79,7 @@ class _Search:
     def next_count(self, workers: int) -> int:
         """Double up to the budget; past it, grow by half (at least one) up to the cap."""
         if workers < self.budget:
-            return min(2 * workers, self.budget)
+            return min(2 * workers, self.budget, self.cap)
         return min(workers + max(1, workers // 2), self.cap)
 
     def raise_cap_for_io(self, base: LoaderCandidate) -> None:
@@ -320,9 +320,17 @@ def _against_own(
 ) -> tuple[LoaderCandidate | None, LoaderCandidate]:
     """The loader's own setting measured beside the choice; the faster of the two (rule 5)."""
     mine = s.run(*own)
+    if mine is None or not mine.complete:
+        return mine, chosen
+    # Measured first, the own setting was noted against the caps known then; the budget may
+    # have been raised for reads that wait since, and a worker's memory measured.
+    index = next(i for i, c in enumerate(s.tried) if c.key() == mine.key())
+    note = s._over_cap_note(mine.num_workers) if mine.num_workers > s.cap else ""
+    mine = s.tried[index] = replace(s.tried[index], note=note)
     # A user's own worker count over the CPU cap is theirs to keep when it is faster; over
     # the RAM or /dev/shm budget it risks the run, so it is never kept.
-    if mine is None or not mine.complete or mine.note.startswith(("over the RAM", "over the /")):
+    over = [c for c in (s.memory_workers, s.shm_workers) if c is not None and mine.num_workers > c]
+    if over:
         return mine, chosen
     mine, chosen = s.scored(mine), s.scored(chosen)
     if chosen.expected_rate < mine.expected_rate * (1 + MIN_GAIN):

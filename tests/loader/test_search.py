@@ -213,6 +213,15 @@ def test_goes_past_the_cpu_budget_while_each_step_gains_and_says_so() -> None:
     assert "4 workers (prefetch 2) gave +0%" in reason
 
 
+def test_a_ram_cap_between_doubling_steps_is_measured() -> None:
+    # 10 MiB per worker and 35 MiB for workers: 3 fit, between the doubling steps 2 and 4.
+    table = Table(saturating(knee=8))
+    result = search(table, cpu_workers=8, memory_bytes=35 * MIB, try_deep_prefetch=False)
+    assert table.tried == [(0, None), (1, 2), (2, 2), (3, 2)]
+    assert result.stop == "cap" and result.chosen is not None
+    assert result.chosen.num_workers == 3 and result.limited_by == "memory"
+
+
 def test_past_the_budget_a_flat_step_stops_the_search_at_the_budget() -> None:
     table = Table(saturating(knee=1))
     result = search(table, cpu_workers=1, ceiling=4, try_deep_prefetch=False)

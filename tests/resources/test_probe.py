@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -312,3 +314,24 @@ def test_str_is_a_readable_table(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "free GPUs: [0, 2]" in text
     assert "GPU 1 busy: 1 foreign process(es)" in text
     assert "GPU 2: utilization: NVMLError_NotSupported" in text
+
+
+def test_the_worker_ceiling_is_every_core_with_gpus_and_twice_them_without() -> None:
+    from lightning_maxtp.loader.budget import limits_from
+    from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
+
+    res = inspect_resources()
+    cpu = SimpleNamespace(effective=16)  # what the rules read of a CpuInfo
+    assert workers_per_process(cpu, 1) == 15  # the H200 reference host: 15 workers to start
+    assert worker_ceiling(cpu, 1, has_gpus=True) == 16
+    assert worker_ceiling(cpu, 1, has_gpus=False) == 32
+    assert (
+        worker_ceiling(cpu, 4, has_gpus=True) == 4 and worker_ceiling(cpu, 4, has_gpus=False) == 8
+    )
+    one = SimpleNamespace(effective=1)
+    assert workers_per_process(one, 1) == 0 and worker_ceiling(one, 1, has_gpus=False) == 2
+    machine = dataclasses.replace(res, cpu=cpu, gpus=())
+    free = limits_from(machine, max_workers=None, local_world_size=2, memory_budget_bytes=None)
+    assert (free.cpu_workers, free.ceiling_workers, free.ranks) == (7, 16, 2)
+    capped = limits_from(machine, max_workers=3, local_world_size=2, memory_budget_bytes=None)
+    assert (capped.cpu_workers, capped.ceiling_workers) == (3, None)  # a hard cap, never passed
