@@ -70,16 +70,18 @@ def plan_line(
 def most_workers(config: TuningConfig, resources: Resources | None, local_ranks: int) -> int | None:
     """The most workers ``tune_dataloader`` may try for this job (``None``: unknown).
 
-    The user's ``max_workers``, else the larger of the probe's ceiling and the budget raised
-    for loading that waits on reads.
+    The user's ``max_workers``, else ``loader.budget.most_workers`` of this machine's limits.
     """
+    from lightning_maxtp.loader import budget
+
     if config.max_workers is not None:
         return config.max_workers
     if resources is None:
         return None
-    budget = workers_per_process(resources.cpu, local_ranks)
-    ceiling = worker_ceiling(resources.cpu, local_ranks, has_gpus=bool(resources.gpus))
-    return max(ceiling, IO_WORKER_FACTOR * max(budget, 1))
+    limits = budget.limits_from(
+        resources, max_workers=None, local_world_size=local_ranks, memory_budget_bytes=None
+    )
+    return budget.most_workers(limits)
 
 
 def measure_loader(

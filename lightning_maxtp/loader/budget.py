@@ -16,13 +16,22 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
 if TYPE_CHECKING:
     from lightning_maxtp.loader.candidate import SearchResult
     from lightning_maxtp.resources.probe import Resources
 
-__all__ = ["MEMORY_SHARE", "SHM_SHARE", "Limits", "LoaderBudget", "budget_from", "limits_from"]
+__all__ = [
+    "MEMORY_SHARE",
+    "SHM_SHARE",
+    "Limits",
+    "LoaderBudget",
+    "budget_from",
+    "limits_from",
+    "most_workers",
+]
 
 MEMORY_SHARE = 0.5
 """Share of available RAM one loader's workers may take (the rest is headroom for training)."""
@@ -46,6 +55,17 @@ class Limits:
     not past it: the caller's ``max_workers``)."""
     ranks: int = 1
     """Device processes on this node sharing its CPUs."""
+
+
+def most_workers(limits: Limits) -> int:
+    """The most workers the search may try with ``limits``, before RAM and ``/dev/shm``.
+
+    The ceiling, or the CPU budget raised for reads that wait (``IO_WORKER_FACTOR`` times at
+    most), whichever is larger; the caller's ``max_workers`` when it set the CPU cap.
+    """
+    if limits.ceiling_workers is None:
+        return limits.cpu_workers
+    return max(limits.ceiling_workers, IO_WORKER_FACTOR * max(limits.cpu_workers, 1))
 
 
 def limits_from(
@@ -120,6 +140,11 @@ class LoaderBudget:
     ceiling_workers: int | None = None
     past_budget: bool = False
 
+    @property
+    def budget_workers(self) -> int:
+        """The CPU budget, raised for reads that wait: past it each worker had to gain."""
+        return self.io_workers or self.cpu_workers
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         return asdict(self)
@@ -147,6 +172,5 @@ def budget_from(result: SearchResult, limits: Limits, time_budget_s: float) -> L
             None,
         ),
         ceiling_workers=result.ceiling_workers,
-        past_budget=result.chosen is not None
-        and result.chosen.num_workers > (result.io_workers or result.cpu_workers),
+        past_budget=result.chosen is not None and result.chosen.num_workers > result.budget_workers,
     )

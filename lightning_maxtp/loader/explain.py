@@ -68,7 +68,7 @@ def _cap_detail(budget: LoaderBudget) -> str:
             f"ran or waited for a CPU {budget.io_cpu_share or 0:.0%} of its loading time)"
         )
     ceiling = budget.ceiling_workers
-    if ceiling is not None and ceiling > (budget.io_workers or budget.cpu_workers):
+    if ceiling is not None and ceiling > budget.budget_workers:
         text = f"the CPU ceiling of {ceiling} worker(s), past {text}"
     return text
 
@@ -77,10 +77,9 @@ def _past_budget(budget: LoaderBudget) -> str:
     """Words for a choice past the CPU budget (``""`` when it is within it)."""
     if not budget.past_budget:
         return ""
-    within = budget.io_workers or budget.cpu_workers
     return (
-        f"; past the CPU budget of {within} worker(s) ({budget.cpu_source}), each added worker "
-        f"gained >= {MIN_GAIN:.0%}"
+        f"; past the CPU budget of {budget.budget_workers} worker(s) ({budget.cpu_source}), "
+        f"each added worker gained >= {MIN_GAIN:.0%}"
     )
 
 
