@@ -42,7 +42,7 @@ def show(callback: Any, fit_s: float, report_dir: Path) -> None:
     before, after = tuning.baseline_samples_per_s, tuning.tuned_samples_per_s
     if before and after:
         print(f"   throughput: {before:.1f} -> {after:.1f} img/s ({after / before:.2f}x defaults)")
-    print(f"   loader now: {', '.join(f'{k}={v}' for k, v in tuning.settings.items())}")
+    print(f"   settings now: {', '.join(f'{k}={v}' for k, v in tuning.settings.items())}")
     print(f"   stopped: {tuning.stop_reason}")
     print(f"   diagnosis now: {report.bottleneck}")
     for diagnosis in report.diagnoses[:1]:

@@ -62,8 +62,10 @@ def no_leaked_processes_or_threads() -> Iterator[None]:
 _LAUNCHER_VARIABLES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK", "RANK",
     "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS",
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
 })  # fmt: skip
-"""What Lightning's in-process launchers (``ddp_fork``) and ``seed_everything`` set and leave."""
+"""What Lightning's in-process launchers (``ddp_fork``) and ``seed_everything`` set and leave,
+and what inductor sets for itself when ``torch.compile`` first compiles."""
 
 
 @pytest.fixture(autouse=True)

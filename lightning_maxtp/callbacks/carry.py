@@ -9,9 +9,21 @@ match, and re-tunes, saying which differs, when one does not.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["STATE_VERSION", "carried_settings", "loader_key", "machine_key", "state"]
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_maxtp.callbacks.tuner import Tuner
+
+__all__ = [
+    "STATE_VERSION",
+    "adopt_carried",
+    "carried_settings",
+    "loader_key",
+    "machine_key",
+    "state",
+]
 
 STATE_VERSION = 1
 
@@ -69,3 +81,26 @@ def carried_settings(
         return None, f"tuned settings not reused: num_workers={workers} > max_workers={max_workers}"
     shown = ", ".join(f"{k}={v}" for k, v in carried["settings"].items())
     return dict(carried["settings"]), f"settings tuned earlier on this machine and loader: {shown}"
+
+
+def adopt_carried(tuner: Tuner, trainer: pl.Trainer) -> None:
+    """Apply the tuner's carried settings when they match (rank zero decides under DDP)."""
+    loader = tuner.loader
+    if loader is None or tuner.loop.finished:
+        return
+    decision = None
+    if trainer.is_global_zero:
+        machine = machine_key(tuner.resources, tuner.world_size)
+        decision = carried_settings(tuner.carried, machine, loader_key(tuner.source_loader),
+                                    tuner.config.max_workers)  # fmt: skip
+    if trainer.world_size > 1:  # ranks may see different CPUs: one decision for all
+        decision = trainer.strategy.broadcast(decision, src=0)
+    settings, why = decision if decision is not None else (None, "")
+    if settings is None:
+        if why:
+            tuner.note(why)
+        return
+    changed = {k: v for k, v in settings.items() if loader.settings().get(k) != v}
+    if changed:
+        loader.request(**changed)
+    tuner.stop(why, converged=True)

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_maxtp.callbacks.allow import Allow, resolve_allow
 from lightning_maxtp.observe.thresholds import MIN_GAIN
 
 __all__ = ["TuningConfig"]
@@ -46,7 +47,10 @@ class TuningConfig:
     max_workers: int | None = None
     """Worker cap (``None``: the probe's CPU budget, raised for loading that waits on reads)."""
     allow_batch_size_change: bool = False
-    """Run ``find_batch_size`` before training and apply its batch (changes the math)."""
+    """Run ``find_batch_size`` before training and apply its batch (``"batch_size"`` in
+    ``allow``)."""
+    allow: Allow = "safe"
+    """Knobs beyond the loader's: ``"safe"`` (same math), ``"all"``, or a tuple of names."""
     monitor_window_steps: int = 100
     """Window length after tuning (cheap monitoring)."""
     drift_share: float = 0.2
@@ -56,6 +60,10 @@ class TuningConfig:
     (training blocked, plus windows at slower settings); ``None``: only ``time_budget_s``."""
 
     def __post_init__(self) -> None:
+        allow: Any = self.allow
+        if isinstance(allow, list):  # from a config file: a list is as good as a tuple
+            object.__setattr__(self, "allow", tuple(allow))
+        resolve_allow(self.allow)  # a bad name fails here, before the fit
         for name, least in _AT_LEAST.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -92,6 +100,14 @@ class TuningConfig:
                 f"{workers!r}"
             )
 
+    def allowed(self, *, deterministic: bool = False) -> tuple[str, ...]:
+        """The knob names beyond the loader's this fit may try (``allow.resolve_allow``)."""
+        return resolve_allow(self.allow, batch_size=self.allow_batch_size_change,
+                             deterministic=deterministic)  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return asdict(self)
+        data = asdict(self)
+        if isinstance(self.allow, tuple):
+            data["allow"] = list(self.allow)
+        return data

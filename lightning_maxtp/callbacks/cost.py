@@ -42,6 +42,9 @@ class TuningCost:
     """Training waited this long (the loader measured alone)."""
     lost_s: float = 0.0
     """Windows at the slower of two compared settings took this much longer."""
+    switch_s: float = 0.0
+    """The settle steps right after a math knob switched took this much longer than steps at
+    the reference rate (``torch.compile`` compiling, cuDNN autotuning); no window counts them."""
     budget_s: float | None = None
     """What tuning may cost (``cost_share`` of the expected fit; ``None``: no share limit)."""
     step_s: float | None = None
@@ -59,8 +62,8 @@ class TuningCost:
 
     @property
     def cost_s(self) -> float:
-        """Blocked plus lost seconds."""
-        return self.blocked_s + self.lost_s
+        """Blocked, lost and switch seconds."""
+        return self.blocked_s + self.lost_s + self.switch_s
 
     @property
     def expected_fit_s(self) -> float | None:
@@ -122,6 +125,8 @@ class TuningCost:
                 budget += f" + {self.earned_s:.1f} s earned by the changes kept"
         text = (f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
                 f"{self.lost_s:.1f} s lost in slower windows")  # fmt: skip
+        if self.switch_s > 0:
+            text += f", {self.switch_s:.1f} s switching math knobs (compiling)"
         if self.net is not None and self.fit_s is not None and self.step_s is not None:
             at_baseline = self.step_s * self.steps_run
             text += (f"; net: the fit's {self.steps_run} steps took {self.fit_s:.1f} s, "

@@ -1,6 +1,7 @@
-"""What a trial may change in a fit: the switchable loader's knobs and the main process's threads.
+"""What a trial may change in a fit: the loader's knobs, the main process's threads, the math.
 
-The loader's knobs switch through ``SwitchableLoader`` at a batch boundary. On a CPU device the
+The loader's knobs switch through ``SwitchableLoader`` at a batch boundary; the math knobs
+(``math_knobs``) at once, when ``allow`` permits them. On a CPU device the
 training process's intra-op pools (torch's, and BLAS's through ``threadpoolctl``) share the cores
 with busy workers, so their size is a same-math knob too (``intra_op_threads``); it is process
 state, so it is put back when the fit ends.
@@ -12,7 +13,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.callbacks.allow import MATH_KNOBS
+
 if TYPE_CHECKING:
+    from lightning_maxtp.callbacks.math_knobs import MathKnobs
     from lightning_maxtp.loader.switchable import SwitchableLoader
 
 __all__ = ["THREADS", "Knobs", "MainThreads"]
@@ -94,11 +98,15 @@ class Knobs:
     Args:
         loader: Returns the fit's switchable train loader (``None``: none to switch); read on
             every call, since Lightning may reload the loader mid-fit.
+        math: The fit's math knobs (``None``: none allowed).
     """
 
-    def __init__(self, loader: Callable[[], SwitchableLoader | None]) -> None:
+    def __init__(
+        self, loader: Callable[[], SwitchableLoader | None], math: MathKnobs | None = None
+    ) -> None:
         self._loader = loader
         self.threads = MainThreads()
+        self.math = math
 
     def _loader_settings(self) -> dict[str, Any]:
         loader = self._loader()
@@ -111,19 +119,30 @@ class Knobs:
             settings[THREADS] = self.threads.current()
         elif self.threads.restored_from is not None:  # in force until the fit ended
             settings[THREADS] = self.threads.restored_from
+        if self.math is not None:
+            settings.update(self.math.in_force)
         return settings
 
     def context(self) -> dict[str, Any]:
-        """Every knob's current value (what windows measured from now on run with)."""
-        return {**self._loader_settings(), THREADS: self.threads.current()}
+        """The current values windows are diagnosed with (``JobContext`` fields)."""
+        context = {**self._loader_settings(), THREADS: self.threads.current()}
+        if self.math is not None and self.math.trainer is not None:
+            context["precision"] = self.math.current("precision")
+            context["compiled"] = self.math.current("compile")
+        return context
 
     def current(self, keys: Iterable[str]) -> dict[str, Any]:
-        """The current values of ``keys``."""
+        """The current values of ``keys`` (loader, threads or math knobs)."""
         now = self.context()
-        return {k: now[k] for k in keys}
+        math = self.math
+        return {k: math.current(k) if math is not None and k in MATH_KNOBS else now[k]
+                for k in keys}  # fmt: skip
 
     def request(self, **settings: Any) -> None:
-        """Apply ``settings``: the threads at once, the loader's at its next batch boundary."""
+        """Apply ``settings``: threads and math at once, the loader's at its next batch boundary."""
+        if self.math is not None:
+            for knob in [k for k in settings if k in MATH_KNOBS]:
+                self.math.set(knob, settings.pop(knob))
         threads = settings.pop(THREADS, None)
         if threads is not None:
             self.threads.set(int(threads))

@@ -12,6 +12,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.callbacks.allow import GUARDED
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
@@ -60,11 +61,21 @@ def plan_line(
         f"plan: {resources.cpu.effective} usable CPUs shared by {local_ranks} rank(s) on this "
         f"node, worker budget {budget} per rank{raised}, GPUs: {gpus}; world size "
         f"{world_size}. Warm up {config.warmup_steps} steps, "
-        f"baseline {config.window_steps} steps, then one loader knob at a time (kept if >= "
+        f"baseline {config.window_steps} steps, then one knob at a time (kept if >= "
         f"{config.min_gain:.0%} faster), at most {config.max_trials} trials / "
-        f"{config.time_budget_s:.0f} s; batch size "
-        f"{'may change' if config.allow_batch_size_change else 'unchanged'}."
+        f"{config.time_budget_s:.0f} s; {_allowed_words(config, resources)}."
     )
+
+
+def _allowed_words(config: TuningConfig, resources: Resources) -> str:
+    """What ``allow`` lets the loop try beyond the loader's knobs, in words."""
+    allowed = [k for k in config.allowed() if k != "batch_size"]
+    if not resources.gpus:  # TF32 and cuDNN flags do nothing on a CPU
+        allowed = [k for k in allowed if k not in ("tf32", "cudnn_benchmark")]
+    guard = ", behind a numerics guard" if GUARDED & set(allowed) else ""
+    math = f"also {', '.join(allowed)}{guard}" if allowed else "loader knobs only"
+    batch = "batch size may grow" if "batch_size" in config.allowed() else "batch size unchanged"
+    return f"{math}; {batch}"
 
 
 def most_workers(config: TuningConfig, resources: Resources | None, local_ranks: int) -> int | None:

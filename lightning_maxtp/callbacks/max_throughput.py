@@ -1,9 +1,10 @@
 """``MaxThroughputCallback``: the closed loop, run for the user inside ``trainer.fit``.
 
 probe -> (optional batch search) -> warm up -> measure a baseline window -> diagnose -> try ONE
-safe loader knob (first the settings ``tune_dataloader`` picks against the measured consumption
-rate, then the top diagnosis's auto-applicable recommendation) -> measure as many steps again ->
-keep it if throughput rose by ``min_gain``, else revert -> repeat -> monitor -> report.
+knob (first the settings ``tune_dataloader`` picks against the measured consumption rate, then
+the top diagnosis's auto-applicable recommendation, then the math knobs ``allow`` permits) ->
+measure as many steps again -> keep it if throughput rose by ``min_gain``, else revert ->
+repeat -> monitor -> report.
 
 The callback owns a ``BottleneckMonitor`` (measurement, diagnosis, logging, the report) and a
 ``TuningLoop`` (the decisions, pure); it carries out what the loop decides on the train loader.
@@ -19,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_maxtp._log import rank_zero_info
+from lightning_maxtp.callbacks.allow import Allow
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.loader_trial import plan_line
@@ -50,12 +52,21 @@ class MaxThroughputCallback(Callback):
     index: every sample is seen exactly once per epoch, in the sampler's order (the same ids as
     without the callback; one caveat: a kept ``persistent_workers=True`` makes torch draw one
     seed fewer from the global RNG per epoch, so a sampler without its own ``generator``
-    shuffles later epochs differently, as it would with that setting by hand). Only
-    ``allow_batch_size_change=True`` changes the math (batch size, via ``find_batch_size``
-    before training, reported). Under DDP rank zero decides and every rank applies the same
-    change at the same step. Throughput of a window is its samples over its step times, a step
-    longer than 3 mean steps counted as 3 (a stall from another process on a shared machine must
-    not decide a knob).
+    shuffles later epochs differently, as it would with that setting by hand).
+
+    ``allow`` reaches further: ``"safe"`` adds ``cudnn.benchmark`` on CUDA (unless the Trainer is
+    deterministic); ``"all"``, or a tuple of names, adds precision, channels_last, TF32,
+    torch.compile, fused optimizer steps and the batch size (``find_batch_size`` before training
+    with ``global_batch="grow"``: LR scaled, warmed up, reported). Each is one more trial, kept
+    only when it pays beyond the noise, tried in the order the diagnosis points to; those that
+    round differently run under a numerics guard that reverts the trial and restores the
+    model's and optimizers' state when a loss or parameter goes non-finite or the loss rises out
+    of the reference's band (``callbacks.guard``). A kept precision change stays watched.
+    Process-wide flags and the Trainer's precision are put back when the fit ends. Under DDP
+    rank zero decides and every rank applies the same change at the same step.
+
+    Throughput of a window is its samples over its step times, a step longer than 3 mean steps
+    counted as 3 (a stall from another process on a shared machine must not decide a knob).
 
     What it logs and shows (``callbacks.metrics`` has the same table):
 
@@ -89,7 +100,12 @@ class MaxThroughputCallback(Callback):
         max_workers: Worker cap (default: the probe's CPU budget per device process, which
             ``tune_dataloader`` raises up to 4x when loading mostly waits on reads).
         allow_batch_size_change: Run ``find_batch_size`` before training and apply its batch
-            (changes the optimization; off by default).
+            (changes the optimization; off by default); the same as ``"batch_size"`` in
+            ``allow``.
+        allow: The knobs beyond the loader's the loop may try: ``"safe"`` (same math),
+            ``"all"``, or a tuple of names from ``("precision", "channels_last", "tf32",
+            "cudnn_benchmark", "compile", "fused_optimizer", "batch_size")``. Those not allowed
+            stay recommendations in the report.
         monitor_window_steps: Window length after tuning (cheap monitoring).
         drift_share: After tuning, a window this much slower than the tuned rate is reported.
         cost_share: Tuning may cost at most this share of the fit's expected time at the
@@ -115,6 +131,7 @@ class MaxThroughputCallback(Callback):
         loader_time_budget_s: float = 15.0,
         max_workers: int | None = None,
         allow_batch_size_change: bool = False,
+        allow: Allow = "safe",
         monitor_window_steps: int = 100,
         drift_share: float = 0.2,
         cost_share: float | None = 0.05,
@@ -129,7 +146,7 @@ class MaxThroughputCallback(Callback):
             tune_loader=tune_loader, loader_time_budget_s=loader_time_budget_s,
             max_workers=max_workers, allow_batch_size_change=allow_batch_size_change,
             monitor_window_steps=monitor_window_steps, drift_share=drift_share,
-            cost_share=cost_share,
+            cost_share=cost_share, allow=allow,
         )  # fmt: skip
         self.monitor = BottleneckMonitor(
             window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
@@ -188,9 +205,12 @@ class MaxThroughputCallback(Callback):
         from lightning_maxtp.resources.probe import inspect_resources
 
         resources = inspect_resources()
+        import torch
+
+        allowed = self.config.allowed(deterministic=torch.are_deterministic_algorithms_enabled())
         self.tuner = Tuner(
             self.config, self.monitor, resources, verbose=self.verbose, carried=self._carried,
-            world_size=trainer.world_size, local_ranks=trainer.num_devices,
+            world_size=trainer.world_size, local_ranks=trainer.num_devices, allowed=allowed,
         )  # fmt: skip
         self.monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
@@ -209,11 +229,12 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.config.allow_batch_size_change:
+        if "batch_size" not in self.tuner.math.allowed:
             return
         from lightning_maxtp.batch_size.find import find_batch_size
 
-        self.batch_plan = find_batch_size(pl_module, trainer=trainer)
+        # "grow": a batch of 32 kept as the global batch could never get faster.
+        self.batch_plan = find_batch_size(pl_module, trainer=trainer, global_batch="grow")
         self.batch_plan.apply(trainer)
         if self.verbose:
             rank_zero_info(str(self.batch_plan))
@@ -258,11 +279,13 @@ class MaxThroughputCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        self.tuner.guard.record(outputs)  # before the window this step may close
         self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self.tuner.on_step()
 
     def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
         loop = self.tuner.loop
+        self.tuner.window_losses = self.tuner.guard.take()
         if self._closing:  # the fit's last steps, under the settings in force
             self.tuner.monitored(window, self.monitor.record(trainer, window, may_capture=False))
         elif loop.measuring:  # no profiler inside a measured window
@@ -322,5 +345,6 @@ class MaxThroughputCallback(Callback):
         self.monitor.teardown(trainer, pl_module, stage)
         if stage == "fit":
             self.tuner.knobs.threads.restore()  # a fit that failed still puts them back
+            self.tuner.math.restore()
         if stage == "fit" and self.tuner.loader is not None:
             self.tuner.loader.shutdown()

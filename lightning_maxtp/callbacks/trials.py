@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.callbacks.cost import TuningCost
+from lightning_maxtp.callbacks.guard import GuardCheck
 from lightning_maxtp.callbacks.knobs import THREADS
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
@@ -25,7 +26,6 @@ __all__ = [
     "Verdict",
     "fmt_settings",
     "in_force",
-    "judge",
     "next_change",
     "remaining",
     "top_line",
@@ -34,12 +34,14 @@ __all__ = [
 _NEED_WORKERS = ("prefetch_factor", "persistent_workers")
 
 
-Verdict = Literal["kept", "reverted", "undecided", "unfinished"]
+Verdict = Literal["kept", "reverted", "undecided", "unfinished", "guarded"]
 """How a trial ended: ``undecided`` when it looked faster but no more than the noise (the
-original settings stay), ``unfinished`` when the fit ended before it could be judged."""
+original settings stay), ``unfinished`` when the fit ended before it could be judged,
+``guarded`` when the numerics guard reverted it and restored the state before it."""
 _VERDICT_TEXT = {
     "undecided": "undecided: kept the original",
     "unfinished": "unfinished: the fit ended first",
+    "guarded": "reverted by the numerics guard, state restored",
 }
 
 
@@ -69,12 +71,24 @@ class KnobTrial:
     like a gain (4), and a third pair when two left a large gain undecided (6)."""
     lost_s: float = 0.0
     """Seconds its windows at the slower settings cost (what the judgement itself cost)."""
+    guard: GuardCheck | None = None
+    """The numerics guard's last check (math knobs that round differently), else ``None``."""
 
     @property
     def gain(self) -> float:
         """Relative throughput change (0.25: 25 % faster)."""
         before, after = self.before_samples_per_s, self.after_samples_per_s
         return after / before - 1 if before > 0 and after is not None else 0.0
+
+    def undo_reason(self, min_gain: float) -> str:
+        """Why its settings were undone, for the knob change that undid them."""
+        return {
+            "reverted": f"reverted: {self.gain:+.1%} < {min_gain:.0%}",
+            "undecided": f"undecided: {self.gain:+.1%} within 2x the noise "
+            f"({self.noise or 0:.0%}), the original kept",
+            "unfinished": "unfinished: the fit ended before the trial was judged",
+            "guarded": f"reverted by the numerics guard: {self.guard}",
+        }.get(self.verdict, self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -91,6 +105,7 @@ class KnobTrial:
             "noise": self.noise,
             "windows": self.windows,
             "lost_s": self.lost_s,
+            "guard": None if self.guard is None else self.guard.to_dict(),
             "first_step": self.first_step,
             "steps": self.steps,
         }
@@ -98,83 +113,13 @@ class KnobTrial:
     def __str__(self) -> str:
         noise = "" if self.noise is None else f", noise {self.noise:.0%}"
         verdict = _VERDICT_TEXT.get(self.verdict, self.verdict)
+        guard = "" if self.guard is None else f" [{self.guard}]"
         if self.after_samples_per_s is None:
-            return f"{self.knob}: {self.old} -> {self.new}: not measured, {verdict}"
+            return f"{self.knob}: {self.old} -> {self.new}: not measured, {verdict}{guard}"
         return (
             f"{self.knob}: {self.old} -> {self.new}: {self.before_samples_per_s:.1f} -> "
-            f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}{noise}), {verdict}"
+            f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}{noise}), {verdict}{guard}"
         )
-
-
-NOISE_FACTOR = 2.0
-"""A kept gain exceeds this many times the noise: the difference of two windows of the same
-settings, taken from just two pairs, is itself a rough estimate of how much a window varies."""
-
-
-THIRD_PAIR_GAIN = 2.0
-"""Two pairs that gain at least this many times ``min_gain`` but not beyond the noise earn a
-third pair before the verdict."""
-
-
-def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
-    """What to do after a trial's windows: measure again, or the verdict, and the noise.
-
-    ``rates`` alternate reference and trial settings, the reference first (``R1, T1``, then
-    ``R1, T1, R2`` and ``R1, T1, R2, T2``). One window against one window is not evidence on a
-    shared machine (a stall or another job's burst moves a window by tens of percent), so a
-    trial that looks like a gain is re-measured: the reference again (``R2``, which also
-    brackets ``T1`` against drift), then the trial again (``T2``, ending on the trial settings,
-    so keeping costs no further switch). It is kept only when the trial's mean beats the
-    reference's mean by ``min_gain`` and by more than ``NOISE_FACTOR`` times the noise (how much
-    two windows of the same settings differed), and both trial windows beat both reference
-    windows. A trial that does not even look like a gain is reverted at once.
-
-    On a noisy machine two pairs can leave a large gain undecided (one slow window makes the
-    noise as large as the gain). When the two pairs' gain is at least twice ``min_gain`` and
-    both trial windows beat both reference windows, a third pair is measured (``R3, T3``) and
-    decides by ranks: kept when every trial window beats every reference window (a chance of 1
-    in 20 when the knob does nothing) and the median trial window beats the median reference
-    window by ``min_gain``; medians, so that one stalled window cannot make the gain.
-
-    Returns:
-        ``("old", None)`` or ``("new", None)``: measure the next window with those settings;
-        else ``(verdict, noise)`` with the verdict ``kept``, ``reverted`` or ``undecided``.
-    """
-    if len(rates) == 2:
-        r1, t1 = rates
-        return ("old", None) if r1 > 0 and t1 >= r1 * (1 + min_gain) else ("reverted", None)
-    if len(rates) in (3, 5):
-        return "new", None
-    if len(rates) >= 6:
-        return _third_pair(rates[:6], min_gain)
-    r1, t1, r2, t2 = rates[:4]
-    ref, trial = (r1 + r2) / 2, (t1 + t2) / 2
-    noise = max(abs(r1 - r2) / ref, abs(t1 - t2) / trial) if ref > 0 and trial > 0 else 1.0
-    gain = trial / ref - 1 if ref > 0 else 0.0
-    if gain < min_gain:
-        return "reverted", noise
-    if gain > NOISE_FACTOR * noise and min(t1, t2) > max(r1, r2):
-        return "kept", noise
-    if gain >= THIRD_PAIR_GAIN * min_gain and min(t1, t2) > max(r1, r2):
-        # Only when a third pair can still decide: its rank test needs every trial window
-        # above every reference window, already true of the first two pairs.
-        return "old", None
-    return "undecided", noise
-
-
-def _third_pair(rates: list[float], min_gain: float) -> tuple[str, float | None]:
-    """The verdict from three pairs: ranks and medians (see ``judge``)."""
-    refs, trials = sorted(rates[0::2]), sorted(rates[1::2])
-    ref, trial = refs[1], trials[1]
-    if ref <= 0 or trial <= 0:
-        return "reverted", 1.0
-    noise = max((refs[-1] - refs[0]) / ref, (trials[-1] - trials[0]) / trial)
-    gain = trial / ref - 1
-    if gain < min_gain:
-        return "reverted", noise
-    if trials[0] > refs[-1]:
-        return "kept", noise
-    return "undecided", noise
 
 
 @dataclass(frozen=True)
@@ -233,7 +178,8 @@ class TuningSummary:
         if self.cost is not None and self.baseline_samples_per_s is not None:
             lines.append(f"  {self.cost}")
         if self.settings:
-            lines.append("  loader now: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()))
+            now = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+            lines.append(f"  settings now: {now}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -244,6 +190,7 @@ def next_change(
     tried: set[tuple[str, str]],
     *,
     device_type: str = "cpu",
+    max_workers: int | None = None,
 ) -> tuple[str, Any, str] | None:
     """The first auto-applicable change (loader knobs, main threads) of the top diagnosis not tried.
 
@@ -252,6 +199,8 @@ def next_change(
         settings: The loader's current ``num_workers``/``prefetch_factor``/... values.
         tried: ``(knob, repr(value))`` pairs already tried and reverted.
         device_type: ``pin_memory`` only helps copies to a CUDA device.
+        max_workers: The user's worker cap (the recommendations already respect the probe's
+            budget; only this cap is added).
 
     Returns:
         ``(knob, new value, reason)`` or ``None`` when nothing applicable is left.
@@ -267,6 +216,9 @@ def next_change(
             continue
         if settings.get(rec.knob) == rec.proposed or (rec.knob, repr(rec.proposed)) in tried:
             continue
+        if rec.knob == "num_workers" and max_workers is not None:
+            value = min(int(rec.proposed), max_workers)
+            return None if value <= settings["num_workers"] else (rec.knob, value, rec.reason)
         return rec.knob, rec.proposed, rec.reason
     return None
 

@@ -14,10 +14,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
-from lightning_maxtp.callbacks.carry import carried_settings, loader_key, machine_key, state
+from lightning_maxtp.callbacks import math_trial
+from lightning_maxtp.callbacks.allow import GUARDED
+from lightning_maxtp.callbacks.carry import adopt_carried, loader_key, machine_key, state
 from lightning_maxtp.callbacks.cost import TuningCost
+from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import loader_plan_trial
+from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
     TuningSummary,
@@ -56,6 +60,7 @@ class Tuner:
             applied at once when the machine and the loader match (``carry``).
         world_size: Ranks of the fit (part of what the settings were tuned on).
         local_ranks: Ranks on this node, sharing its CPUs, RAM and ``/dev/shm``.
+        allowed: The math knobs ``allow`` permits (``allow.resolve_allow``).
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class Tuner:
         carried: dict[str, Any] | None = None,
         world_size: int = 1,
         local_ranks: int = 1,
+        allowed: tuple[str, ...] = (),
     ) -> None:
         self.config, self.monitor, self.resources = config, monitor, resources
         self.verbose, self.carried = verbose, carried
@@ -79,7 +85,13 @@ class Tuner:
             window_steps=config.window_steps,
         )  # fmt: skip
         self.loader: SwitchableLoader | None = None
-        self.knobs = Knobs(lambda: self.loader)
+        self.math = MathKnobs(allowed)
+        self.knobs = Knobs(lambda: self.loader, self.math)
+        self.guard = NumericsGuard()
+        self.guard.enabled = bool(GUARDED & set(allowed))
+        self.window_losses: list[float] = []
+        """The losses of the window being handed to ``measured``/``monitored``."""
+        self.switch_from = 0
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
@@ -137,24 +149,8 @@ class Tuner:
 
     def adopt(self, trainer: pl.Trainer) -> None:
         """Apply settings tuned earlier, when they match (rank zero decides under DDP)."""
-        if self.loader is None or self.loop.finished:
-            return
-        decision = None
-        if trainer.is_global_zero:
-            machine = machine_key(self.resources, self.world_size)
-            decision = carried_settings(self.carried, machine, loader_key(self.source_loader),
-                                        self.config.max_workers)  # fmt: skip
-        if trainer.world_size > 1:  # ranks may see different CPUs: one decision for all
-            decision = trainer.strategy.broadcast(decision, src=0)
-        settings, why = decision if decision is not None else (None, "")
-        if settings is None:
-            if why:
-                self.note(why)
-            return
-        changed = {k: v for k, v in settings.items() if self.loader.settings().get(k) != v}
-        if changed:
-            self.loader.request(**changed)
-        self._stop(why, converged=True)
+        self.math.bind(trainer)
+        adopt_carried(self, trainer)
 
     def state(self) -> dict[str, Any]:
         """What to carry into a checkpoint or the next fit: the settings tuning converged to."""
@@ -168,30 +164,35 @@ class Tuner:
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
+            math_trial.count_switch(self)
             self.monitor.restart_window()
+            self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
                 self._tuning_span.append(self.monitor.elapsed_s())
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
         loop = self.loop
+        check = math_trial.guard_window(self, trainer, self.window_losses)
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
             self._budget(trainer, window)
             self.say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
                      f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
         else:
-            verdict = loop.judge(window) if trainer.is_global_zero else None
-            if trainer.world_size > 1:
+            guarded = check is not None and not check.passed  # the same on every rank
+            verdict = loop.judge(window) if trainer.is_global_zero and not guarded else None
+            if trainer.world_size > 1 and not guarded:
                 verdict = trainer.strategy.broadcast(verdict, src=0)
+            verdict = "guarded" if guarded else verdict
             assert verdict is not None
-            if self._continue_trial(verdict, window, found):
+            if self._continue_trial(verdict, window, found, check):
                 return
         decision = self._decide() if trainer.is_global_zero else None
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
         if decision is None or isinstance(decision, str):
-            self._stop(decision or "no loader")
+            self.stop(decision or "no loader")
         else:
             self._start_trial(trainer, *decision)
 
@@ -212,12 +213,14 @@ class Tuner:
         if trial is not None:
             self._finish_trial(trial)
         self.knobs.threads.restore()  # process state: the next fit starts as this one did
+        self.math.restore()
 
     def monitored(self, window: Window, found: tuple[Any, ...]) -> None:
         """A window under the final settings closed (after tuning, or the fit's closing one)."""
         self.final.append((window, found))
         if self.loop.finished:
             self.watch_drift(window)
+            math_trial.watch(self, self.window_losses)
 
     def watch_drift(self, window: Window) -> None:
         """After tuning: note (once) a window much slower than the tuned rate."""
@@ -280,7 +283,8 @@ class Tuner:
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan = self._plan_change if wants_plan else None
         device = self.monitor.context.device_type
-        return self.loop.decide(settings, device_type=device, loader_plan=plan)
+        return self.loop.decide(settings, device_type=device, loader_plan=plan,
+                                math=lambda kind: math_trial.math_change(self, kind))  # fmt: skip
 
     def _plan_change(self) -> Change | None:
         """``tune_dataloader`` against the reference window's consumption rate."""
@@ -290,24 +294,28 @@ class Tuner:
         assert self.loader is not None
         old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
+        math_trial.start(self, trainer, knob)
         self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.monitor.clock.update_context(**self.knobs.context())
-        self.loop.start(knob, old, new, why, trainer.global_step)
-        self._record_change(knob, old, new, f"trying: {why}")
+        self.loop.start(knob, old, new, why, trainer.global_step,
+                        settle_steps=math_trial.settle_steps(self, knob))  # fmt: skip
+        self.record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
 
-    def _continue_trial(self, verdict: str, window: Window, found: tuple[Any, ...]) -> bool:
+    def _continue_trial(
+        self, verdict: str, window: Window, found: tuple[Any, ...], check: Any = None
+    ) -> bool:
         """Act on a trial window's verdict; ``True`` while the trial goes on (re-measuring)."""
         assert self.loader is not None and self.loop.pending is not None
         old, new = self.loop.pending
-        trial = self.loop.advance(verdict, window, found)
+        trial = self.loop.advance(verdict, window, found, check)
         if trial is None:  # looked like a gain: re-measure the reference, then the trial
             target, what = (old, "the reference") if verdict == "old" else (new, "the trial")
             current = self.knobs.current(target)
             self.knobs.request(**target)
             self.monitor.clock.update_context(**self.knobs.context())
-            self._record_change(self._last_knob, current, target, f"re-measuring {what}")
+            self.record_change(self._last_knob, current, target, f"re-measuring {what}")
             self.say(f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}")
             return True
         self._finish_trial(trial)
@@ -317,21 +325,16 @@ class Tuner:
         assert self.loader is not None
         self.say(str(trial))
         old = self._last_old
-        if not trial.kept:
-            current = self.knobs.current(old)
-            if current == old:  # ended while re-measuring the original: nothing to undo
-                self.monitor.clock.update_context(**self.knobs.context())
-                return
+        current = self.knobs.current(old)
+        # Nothing to undo when kept, or when the fit ended while re-measuring the original.
+        if not trial.kept and current != old:
             self.knobs.request(**old)
-            reason = {"reverted": f"reverted: {trial.gain:+.1%} < {self.config.min_gain:.0%}",
-                      "undecided": f"undecided: {trial.gain:+.1%} within 2x the noise "
-                                   f"({trial.noise or 0:.0%}), the original kept",
-                      "unfinished": "unfinished: the fit ended before the trial was judged"}[
-                trial.verdict]  # fmt: skip
-            self._record_change(trial.knob, current, old, reason)
+            self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
+        math_trial.after_trial(self, trial)  # the guard's restore, after the knob is undone
         self.monitor.clock.update_context(**self.knobs.context())
 
-    def _stop(self, reason: str, *, converged: bool | None = None) -> None:
+    def stop(self, reason: str, *, converged: bool | None = None) -> None:
+        """Tuning is over (``TuningLoop.stop``): from now on the fit is only monitored."""
         self.loop.stop(reason, converged=converged)
         if len(self._tuning_span) == 1:
             self._tuning_span.append(self.monitor.elapsed_s())
@@ -340,7 +343,8 @@ class Tuner:
         self.say(f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
                  f"every {steps} steps")  # fmt: skip
 
-    def _record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
+    def record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
+        """A knob change for the report, at the monitor's time now."""
         change = KnobChange(self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new),
                             reason)  # fmt: skip
         self.knob_changes.append(change)

@@ -8,7 +8,7 @@ what it decides (switching the loader, broadcasting under DDP, logging). Phases:
                                             [-> the third pair, the same way]])* -> monitor
 
 A trial is judged against the reference window (the baseline, or the last kept trial) by
-``trials.judge``: one that looks like a gain is re-measured, reference and trial in turn,
+``judge.judge``: one that looks like a gain is re-measured, reference and trial in turn,
 before it is kept. After a revert the next decision reads a reference window's diagnoses, not
 the reverted trial's, so the stop reason and the knobs offered next describe the settings
 actually in force.
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_maxtp.callbacks.cost import TuningCost, lost_s
+from lightning_maxtp.callbacks.cost import TuningCost
+from lightning_maxtp.callbacks.judge import judge, judged
 from lightning_maxtp.callbacks.trials import (
     KnobTrial,
     TuningSummary,
     Verdict,
     fmt_settings,
-    judge,
     next_change,
 )
 from lightning_maxtp.observe.diagnosis import Diagnosis
@@ -62,6 +62,9 @@ class _Trial:
     windows: list[tuple[Window, tuple[Diagnosis, ...]]] = field(default_factory=list)
     measuring: str = "new"
     """Which settings the window being measured runs with: ``"new"`` or ``"old"``."""
+    settle_steps: int = 0
+    guard: Any = None
+    """The numerics guard's last check of a window under the new settings (guarded knobs)."""
 
 
 class TuningLoop:
@@ -146,17 +149,41 @@ class TuningLoop:
         self.ref, self.ref_found, self.baseline = window, found, window_rate(window)
 
     def start(
-        self, knob: str, old: dict[str, Any], new: dict[str, Any], why: str, step: int
+        self,
+        knob: str,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        why: str,
+        step: int,
+        *,
+        settle_steps: int | None = None,
     ) -> None:
-        """A trial of ``new`` (replacing ``old``) begins at training step ``step``."""
+        """A trial of ``new`` (replacing ``old``) begins at training step ``step``.
+
+        ``settle_steps`` before each of its windows default to the loop's; a compile needs more
+        (its first steps compile).
+        """
         assert self.ref is not None
-        self._trial = _Trial(knob, old, new, why, step, [(self.ref, self.ref_found)])
+        settle = self.settle_steps if settle_steps is None else settle_steps
+        self._trial = _Trial(knob, old, new, why, step, [(self.ref, self.ref_found)],
+                             settle_steps=settle)  # fmt: skip
         self._settle()
 
     def _settle(self) -> None:
         # Even with settle_steps=0 the window waits for the switch: until then the old workers
         # still deliver batches they started under the previous settings.
-        self._settle_left, self.phase = self.settle_steps, "settle"
+        assert self._trial is not None
+        self._settle_left, self.phase = self._trial.settle_steps, "settle"
+
+    @property
+    def measuring_new(self) -> bool:
+        """Whether the window under way runs a trial's new settings."""
+        return self._trial is not None and self._trial.measuring == "new"
+
+    @property
+    def trial_knob(self) -> str | None:
+        """The knob of the trial under way."""
+        return None if self._trial is None else self._trial.knob
 
     @property
     def pending(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -164,7 +191,7 @@ class TuningLoop:
         return None if self._trial is None else (self._trial.old, self._trial.new)
 
     def judge(self, window: Window) -> str:
-        """Rank zero: what this trial window decides (see ``trials.judge``).
+        """Rank zero: what this trial window decides (see ``judge.judge``).
 
         Returns:
             ``"old"``/``"new"`` (measure again with those settings) or the verdict ``"kept"``,
@@ -175,9 +202,12 @@ class TuningLoop:
         return judge(rates, self.min_gain)[0]
 
     def advance(
-        self, decision: str, window: Window, found: tuple[Diagnosis, ...]
+        self, decision: str, window: Window, found: tuple[Diagnosis, ...], guard: Any = None
     ) -> KnobTrial | None:
         """Record a trial window and act on ``decision`` (rank zero's, broadcast under DDP).
+
+        ``decision`` is ``judge``'s answer, or ``"guarded"`` when the numerics guard failed
+        ``guard``, its check of this window (for knobs that round differently).
 
         Returns:
             The judged trial, or ``None`` when another window is to be measured: then the
@@ -185,11 +215,13 @@ class TuningLoop:
         """
         assert self._trial is not None
         self._trial.windows.append((window, found))
+        if guard is not None:
+            self._trial.guard = guard
         if decision in ("old", "new"):
             self._trial.measuring = decision
             self._settle()
             return None
-        assert decision in ("kept", "reverted", "undecided"), decision
+        assert decision in ("kept", "reverted", "undecided", "guarded"), decision
         return self._finish(decision)  # type: ignore[arg-type]
 
     def _finish(self, verdict: Verdict) -> KnobTrial:
@@ -198,25 +230,14 @@ class TuningLoop:
         t = self._trial
         shown_old = t.old[t.knob] if t.knob in t.old else fmt_settings(t.old)
         shown_new = t.new[t.knob] if t.knob in t.new else fmt_settings(t.new)
-        olds, news = t.windows[0::2], t.windows[1::2]
-        rates = [window_rate(w) for w, _ in t.windows]
-        before = sum(rates[0::2]) / len(olds)
-        after = sum(rates[1::2]) / len(news) if news else None
-        if len(rates) >= 6:  # three pairs are judged on medians: report what decided
-            before, after = sorted(rates[0::2])[1], sorted(rates[1::2])[1]
-        noise = judge(rates, self.min_gain)[1] if len(rates) >= 4 else None
         kept = verdict == "kept"
+        olds, news = t.windows[0::2], t.windows[1::2]
+        before, after, noise, lost = judged(t.windows, kept, self.min_gain)
         steps = sum(w.steps for w, _ in news)
-        # The reference's first window runs anyway (it is the settings before the trial); what
-        # the judgement costs is the slower side's other windows.
-        if kept and after is not None:
-            lost = lost_s([w for w, _ in olds[1:]], after)
-        else:
-            lost = lost_s([w for w, _ in news], before)
         trial = KnobTrial(
             t.knob, shown_old, shown_new, t.why, before_samples_per_s=before,
             after_samples_per_s=after, kept=kept, first_step=t.step, steps=steps,
-            verdict=verdict, noise=noise, windows=len(rates), lost_s=lost,
+            verdict=verdict, noise=noise, windows=len(t.windows), lost_s=lost, guard=t.guard,
         )  # fmt: skip
         self.trials.append(trial)
         if kept:
@@ -233,6 +254,7 @@ class TuningLoop:
         *,
         device_type: str,
         loader_plan: Callable[[], Change | None] | None = None,
+        math: Callable[[str], Change | None] | None = None,
     ) -> Change | str:
         """The next trial, or why the loop stops (rank zero decides under DDP).
 
@@ -241,6 +263,8 @@ class TuningLoop:
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
             loader_plan: Called once, when the reference is data-bound, for the change
                 ``tune_dataloader`` proposes; ``None`` once it has been asked.
+            math: Called with the top diagnosis's kind when no loader or thread knob is left,
+                for the next allowed math knob (``allow``).
         """
         elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
         if len(self.trials) >= self.max_trials:
@@ -252,13 +276,13 @@ class TuningLoop:
             planned = loader_plan()
             if planned is not None:
                 return planned
-        change = next_change(found, settings, self.tried, device_type=device_type)
-        if change is not None and change[0] == "num_workers" and self.max_workers is not None:
-            # The recommendation already respects the probe's budget; only a user cap is added.
-            value = min(int(change[1]), self.max_workers)
-            change = None if value <= settings["num_workers"] else (change[0], value, change[2])
+        change = next_change(found, settings, self.tried, device_type=device_type,
+                             max_workers=self.max_workers)  # fmt: skip
+        kind = found[0].kind.value if found else "unknown"
+        planned = math(kind) if change is None and math is not None else None
+        if planned is not None:
+            return planned
         if change is None:
-            kind = found[0].kind.value if found else "unknown"
             if kind == "healthy":
                 return "no bottleneck above threshold: nothing to tune"
             return f"no auto-applicable knob left for the {kind} bottleneck"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_maxtp.callbacks.trials import KnobTrial, judge, remaining
+from lightning_maxtp.callbacks.judge import judge
+from lightning_maxtp.callbacks.trials import KnobTrial, remaining
 from lightning_maxtp.callbacks.tuning_loop import TuningLoop
 from lightning_maxtp.observe import (
     BottleneckKind,

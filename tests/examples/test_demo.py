@@ -23,7 +23,7 @@ def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None
     assert re.search(r"^maxtp: baseline [\d.]+ samples/s over 4 steps", out, flags=re.M)
     assert re.search(r"^== 4\. result \(\d+ s fit, \d+ s of it tuning on real steps\)", out, re.M)
     assert re.search(r"^   throughput: [\d.]+ -> [\d.]+ img/s \(\d\.\d\dx defaults\)", out, re.M)
-    assert re.search(r"^   loader now: num_workers=\d+, prefetch_factor=", out, flags=re.M)
+    assert re.search(r"^   settings now: num_workers=\d+, prefetch_factor=", out, flags=re.M)
     assert re.search(r"^   stopped: \S", out, flags=re.M)
     assert re.search(r"^   diagnosis now: \w+", out, flags=re.M)
     report = tmp_path / "demo-report"

@@ -49,3 +49,63 @@ class MatmulModel(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+class ConvModel(pl.LightningModule):
+    """A small conv net on 3x32x32 images (Adam: a fused step exists on the CPU).
+
+    Args:
+        nan_under_autocast: Losses turn NaN when the step runs under autocast (a model whose
+            numbers break in low precision) ...
+        nan_from_step: ... from this training step on.
+        slow_channels_last: Each step sleeps 20 ms while the weights are channels_last (a
+            layout slower here, whatever the machine's load).
+        slow_fp32: Each step sleeps 20 ms outside autocast (mixed precision pays for sure).
+    """
+
+    def __init__(
+        self,
+        nan_under_autocast: bool = False,
+        nan_from_step: int = 0,
+        slow_channels_last: bool = False,
+        slow_fp32: bool = False,
+    ) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10),
+        )  # fmt: skip
+        self.nan_under_autocast, self.nan_from_step = nan_under_autocast, nan_from_step
+        self.slow_channels_last, self.slow_fp32 = slow_channels_last, slow_fp32
+        self.losses: list[float] = []
+        self.input_channels_last: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        import time
+
+        x, y = batch
+        self.input_channels_last.append(
+            x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        )
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        autocast = torch.is_autocast_enabled("cpu")
+        if self.nan_under_autocast and autocast and self.global_step >= self.nan_from_step:
+            loss = loss * float("nan")
+        slow_layout = self.slow_channels_last and not self.net[0].weight.is_contiguous()
+        if slow_layout or (self.slow_fp32 and not autocast):
+            time.sleep(0.02)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def image_loader(size: int = 2048, batch_size: int = 32) -> torch.utils.data.DataLoader[Any]:
+    """Random 3x32x32 images with 10 classes, in memory."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(size, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, 10, (size,), generator=generator)
+    data = torch.utils.data.TensorDataset(images, labels)
+    return torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=True)

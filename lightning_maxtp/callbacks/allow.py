@@ -1,0 +1,102 @@
+"""The knobs beyond the loader's the closed loop may change: ``"safe"``, ``"all"``, or names.
+
+Pure (no torch). ``"safe"`` keeps the math: the loader's knobs and the main process's threads,
+plus ``cudnn.benchmark`` unless the Trainer is deterministic (it picks among kernels computing
+the same convolution). ``"all"`` adds the knobs that change the numbers a little (precision,
+memory layout, TF32, compiled kernels, fused optimizer steps) or the optimization (the batch
+size): each is a trial with a numerics guard and a rollback. Which of them a diagnosis points
+to, in which order, is ``MATH_ORDER``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+__all__ = [
+    "GUARDED",
+    "MATH_KNOBS",
+    "MATH_ORDER",
+    "Allow",
+    "MathKnob",
+    "math_knobs_for",
+    "resolve_allow",
+]
+
+MathKnob = Literal[
+    "precision", "channels_last", "tf32", "cudnn_benchmark", "compile", "fused_optimizer",
+    "batch_size",
+]  # fmt: skip
+"""A knob ``allow`` may name."""
+
+MATH_KNOBS: tuple[str, ...] = get_args(MathKnob)
+
+Allow = Literal["safe", "all"] | tuple[MathKnob, ...]
+"""``MaxThroughputCallback(allow=...)``: a preset, or the knobs by name."""
+
+SAFE: tuple[str, ...] = ("cudnn_benchmark",)
+"""The knobs ``"safe"`` allows beyond the loader's (same math)."""
+
+GUARDED = frozenset({"precision", "channels_last", "tf32", "compile", "fused_optimizer"})
+"""Trials that run under the numerics guard: their kernels round differently."""
+
+MATH_ORDER: dict[str, tuple[str, ...]] = {
+    # Busy device: fewer bytes and cheaper math first, then fewer kernels, then the optimizer.
+    "compute": ("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
+                "fused_optimizer"),
+    "healthy": ("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
+                "fused_optimizer"),
+    # Many tiny kernels: fuse them (the batch is chosen before the fit, see ``batch_size``).
+    "kernel_launch": ("compile", "fused_optimizer", "cudnn_benchmark"),
+    "host_overhead": ("compile", "fused_optimizer"),
+    # Near the memory ceiling: half-size activations.
+    "vram": ("precision",),
+}  # fmt: skip
+"""Per bottleneck kind, the knobs that can pay, in the order they are tried (data-bound kinds:
+none; the device waits on the loader, so faster math cannot show)."""
+
+
+def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: bool = False) -> (
+    tuple[str, ...]
+):  # fmt: skip
+    """The knob names ``allow`` permits, in ``MATH_KNOBS`` order.
+
+    Args:
+        allow: ``"safe"``, ``"all"``, or a tuple (or list) of names from ``MATH_KNOBS``.
+        batch_size: ``allow_batch_size_change=True``: ``"batch_size"`` is added.
+        deterministic: The Trainer is deterministic: ``cudnn.benchmark`` stays off even when
+            named (it picks kernels by timing, so two runs may differ).
+
+    Raises:
+        ValueError: ``allow`` is neither preset nor a sequence of known names.
+    """
+    if isinstance(allow, str):
+        if allow not in ("safe", "all"):
+            raise ValueError(
+                f"`allow` must be 'safe', 'all' or a tuple of knob names from {MATH_KNOBS}, got "
+                f"{allow!r}; e.g. allow='all' or allow=('precision', 'channels_last')"
+            )
+        names = set(SAFE if allow == "safe" else MATH_KNOBS)
+    elif isinstance(allow, Sequence):
+        unknown = [n for n in allow if n not in MATH_KNOBS]
+        if unknown:
+            raise ValueError(
+                f"`allow` names unknown knob(s) {unknown}; the valid names are {MATH_KNOBS} "
+                "(or the presets 'safe' and 'all')"
+            )
+        names = set(allow)
+    else:
+        raise ValueError(
+            f"`allow` must be 'safe', 'all' or a tuple of knob names from {MATH_KNOBS}, got "
+            f"{allow!r}"
+        )
+    if batch_size:
+        names.add("batch_size")
+    if deterministic:
+        names.discard("cudnn_benchmark")
+    return tuple(n for n in MATH_KNOBS if n in names)
+
+
+def math_knobs_for(kind: str, allowed: Sequence[str]) -> tuple[str, ...]:
+    """The allowed knobs a bottleneck of ``kind`` points to, in the order to try them."""
+    return tuple(k for k in MATH_ORDER.get(kind, ()) if k in allowed)

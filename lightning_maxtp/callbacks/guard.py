@@ -1,0 +1,170 @@
+"""The numerics guard: a math trial that damages training is undone, step by step.
+
+Before a trial of a knob that rounds differently (``allow.GUARDED``) the module's and the
+optimizers' state are copied to host memory. Every measured window's losses are collected on
+the device (no sync per step) and read once at the window's end. The trial's window fails the
+guard when
+
+- a loss is not finite, or a parameter is not finite after the window, or
+- its median loss leaves the reference's band: above the median loss of the last window under
+  the reference settings by more than ``BAND_SPREADS`` times that window's spread (the median
+  absolute deviation scaled to a standard deviation, 1.4826 x MAD) or ``BAND_SHARE`` of its
+  median, whichever is larger. Losses fall as training goes on, so only a rise is a failure;
+  the band is wide, since one batch's loss varies a lot from the next one's.
+
+A failed trial is reverted and the snapshot restored, so no step it damaged survives (the
+updates since the snapshot are undone; their samples are not seen again). A kept precision
+change stays watched: each later window must be finite, else precision is reverted and the
+state restored from the last window that passed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import torch
+
+__all__ = ["BAND_SHARE", "BAND_SPREADS", "GuardCheck", "NumericsGuard", "loss_band"]
+
+BAND_SPREADS = 4.0
+"""A trial's median loss may exceed the reference's by this many of its spreads."""
+BAND_SHARE = 0.1
+"""... or by this share of the reference's median loss, whichever allows more."""
+_MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    """The guard's numbers for one trial window."""
+
+    passed: bool
+    reason: str
+    steps: int
+    """Losses the window gave."""
+    non_finite: int = 0
+    """Losses that were NaN or infinite (``-1``: a parameter was)."""
+    reference_loss: float | None = None
+    """Median loss of the last window under the reference settings."""
+    trial_loss: float | None = None
+    """Median loss of this window."""
+    limit: float | None = None
+    """The band's upper edge."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        if self.trial_loss is None or self.reference_loss is None or self.limit is None:
+            return f"guard {'passed' if self.passed else 'FAILED'}: {self.reason}"
+        return (
+            f"guard {'passed' if self.passed else 'FAILED'}: median loss {self.trial_loss:.4g} vs "
+            f"{self.reference_loss:.4g} (band up to {self.limit:.4g}); {self.reason}"
+        )
+
+
+def loss_band(
+    reference: list[float], trial: list[float], *, params_finite: bool = True
+) -> GuardCheck:
+    """Whether a trial window's losses stay finite and in the reference's band (pure)."""
+    bad = sum(not math.isfinite(x) for x in trial)
+    if bad:
+        return GuardCheck(False, f"{bad} of {len(trial)} losses not finite", len(trial), bad)
+    if not params_finite:
+        return GuardCheck(False, "a parameter is not finite", len(trial), -1)
+    ref = [x for x in reference if math.isfinite(x)]
+    if len(ref) < 2 or not trial:
+        return GuardCheck(True, "finite (too few losses for the band)", len(trial))
+    middle = statistics.median(ref)
+    spread = _MAD_TO_SD * statistics.median(abs(x - middle) for x in ref)
+    limit = middle + max(BAND_SPREADS * spread, BAND_SHARE * abs(middle), 1e-8)
+    now = statistics.median(trial)
+    passed = now <= limit
+    reason = "finite, in the band" if passed else "the loss rose out of the band"
+    return GuardCheck(passed, reason, len(trial), 0, middle, now, limit)
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    import torch
+
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+        return outputs.detach().reshape(())
+    return None
+
+
+def _to_host(value: Any) -> Any:
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(value, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
+
+
+class NumericsGuard:
+    """Collects each window's losses, snapshots the training state, restores it."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        """Whether losses are collected (a guarded knob is allowed)."""
+        self.reference: list[float] = []
+        """Losses of the last window measured under the reference settings."""
+        self._losses: list[torch.Tensor] = []
+        self._snapshot: dict[str, Any] | None = None
+        self.snapshot_step: int | None = None
+        """Training step of the snapshot (``None``: none held)."""
+
+    def record(self, outputs: Any) -> None:
+        """One training step's output: its loss is kept on the device until the window ends."""
+        if self.enabled:
+            loss = _loss_of(outputs)
+            if loss is not None:
+                self._losses.append(loss)
+
+    def clear(self) -> None:
+        """A window starts: forget the losses of the steps before it."""
+        self._losses.clear()
+
+    def take(self) -> list[float]:
+        """The losses since the window started, read once (one sync), and forget them."""
+        if not self._losses:
+            return []
+        import torch
+
+        values = torch.stack(self._losses).float().cpu().tolist()
+        self._losses.clear()
+        return [float(v) for v in values]
+
+    @staticmethod
+    def params_finite(module: torch.nn.Module) -> bool:
+        """Whether every parameter is finite (one sync)."""
+        import torch
+
+        flags = [p.detach().isfinite().all() for p in module.parameters()]
+        return bool(torch.stack(flags).all().item()) if flags else True
+
+    def snapshot(self, trainer: pl.Trainer) -> None:
+        """Copy the module's and the optimizers' state (and the precision plugin's) to host."""
+        self._snapshot = {
+            "module": _to_host(trainer.lightning_module.state_dict()),
+            "optimizers": [_to_host(o.state_dict()) for o in trainer.optimizers],
+        }
+        self.snapshot_step = trainer.global_step
+
+    def restore(self, trainer: pl.Trainer) -> bool:
+        """Put the snapshot back in place (``False`` when none was taken)."""
+        if self._snapshot is None:
+            return False
+        trainer.lightning_module.load_state_dict(self._snapshot["module"])
+        for optimizer, state in zip(trainer.optimizers, self._snapshot["optimizers"], strict=True):
+            optimizer.load_state_dict(_to_host(state))  # a copy: the snapshot may serve again
+        return True
+
+    def drop(self) -> None:
+        """Release the snapshot's host memory."""
+        self._snapshot, self.snapshot_step = None, None

@@ -1,0 +1,158 @@
+"""The tuner's math-knob steps: the next allowed knob, and the numerics guard around its trial.
+
+``MathKnobs`` switches the knobs and ``NumericsGuard`` snapshots and checks; these functions
+decide when, on the ``Tuner``'s state, the way ``loader_trial`` does for the loader plan. Under
+DDP every rank runs the same steps at the same training step: rank zero picks the knob, and a
+guard failure on any rank fails the trial on all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from lightning_maxtp.callbacks.allow import GUARDED, MATH_ORDER, math_knobs_for
+from lightning_maxtp.callbacks.guard import GuardCheck, loss_band
+from lightning_maxtp.callbacks.math_knobs import CUDA_ONLY
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_maxtp.callbacks.trials import KnobTrial
+    from lightning_maxtp.callbacks.tuner import Tuner
+    from lightning_maxtp.callbacks.tuning_loop import Change
+
+__all__ = [
+    "COMPILE_COST_S",
+    "COMPILE_SETTLE_STEPS",
+    "after_trial",
+    "count_switch",
+    "guard_window",
+    "math_change",
+    "settle_steps",
+    "start",
+    "watch",
+]
+
+COMPILE_COST_S = 30.0
+"""What a compile costs at least (a small conv net on two CPU cores; a ResNet-50 on a GPU takes
+longer): with less tuning budget left, compile is not tried, it could not pay back in time."""
+
+COMPILE_SETTLE_STEPS = 2
+"""Steps after switching to compiled kernels before a window starts: the first compiles the
+forward and backward graphs, the second may recompile for a guard that failed."""
+
+
+def math_change(tuner: Tuner, kind: str) -> Change | None:
+    """Rank zero: the next allowed math knob the ``kind`` bottleneck points to, not yet tried."""
+    allowed, cuda = tuner.math.allowed, tuner.monitor.context.device_type == "cuda"
+    missing = [k for k in MATH_ORDER.get(kind, ())
+               if k not in allowed and (cuda or k not in CUDA_ONLY)]  # fmt: skip
+    if missing and tuner.config.allow != "all":
+        tuner.note(f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
+                   "allow='all' tries each behind a numerics guard)")  # fmt: skip
+    for knob in math_knobs_for(kind, allowed):
+        if knob == "batch_size":  # chosen before the fit (``find_batch_size``)
+            continue
+        offer = tuner.math.offer(knob)
+        left = tuner.summary.cost.left_s if tuner.summary.cost is not None else math.inf
+        if knob == "compile" and isinstance(offer, tuple) and left < COMPILE_COST_S:
+            offer = f"the tuning budget left ({left:.0f} s) is less than a compile takes"
+        if isinstance(offer, str):
+            if offer != "already on" and tuner.config.allow != "safe":
+                tuner.note(f"{knob} not tried: {offer}")
+            continue
+        _, new, why = offer
+        if (knob, repr(new)) in tuner.loop.tried:
+            continue
+        return knob, {knob: new}, f"{kind} bottleneck: {why}"
+    return None
+
+
+def settle_steps(tuner: Tuner, knob: str) -> int:
+    """Steps before each of the trial's windows."""
+    settle = tuner.config.settle_steps
+    return max(settle, COMPILE_SETTLE_STEPS) if knob == "compile" else settle
+
+
+def guard_window(tuner: Tuner, trainer: pl.Trainer, losses: list[float]) -> GuardCheck | None:
+    """A window just closed: the guard's check when it ran a guarded trial's new settings.
+
+    A window under the reference settings becomes the band's reference instead.
+    """
+    guard, loop = tuner.guard, tuner.loop
+    if not guard.enabled:
+        return None
+    if loop.phase == "baseline" or not loop.measuring_new:
+        guard.reference = losses
+        return None
+    if loop.trial_knob not in GUARDED:
+        return None
+    finite = guard.params_finite(trainer.lightning_module)
+    check = loss_band(guard.reference, losses, params_finite=finite)
+    failed = not check.passed
+    if trainer.world_size > 1:  # one rank's NaN is every rank's after the gradient all-reduce
+        failed = trainer.strategy.reduce_boolean_decision(failed, all=False)
+        if failed and check.passed:
+            check = GuardCheck(False, "failed on another rank", check.steps)
+    return check
+
+
+def start(tuner: Tuner, trainer: pl.Trainer, knob: str) -> None:
+    """Before a trial: snapshot the state for a guarded knob, and note where the switch began."""
+    tuner.switch_from = len(tuner.monitor.clock.step_log)
+    if knob in GUARDED and tuner.guard.enabled:
+        tuner.guard.snapshot(trainer)
+
+
+def after_trial(tuner: Tuner, trial: KnobTrial) -> None:
+    """A trial was judged: restore the state before it if the guard failed it."""
+    guard, trainer = tuner.guard, tuner.math.trainer
+    assert trainer is not None
+    if trial.verdict == "guarded":
+        restored = guard.restore(trainer)
+        step = guard.snapshot_step
+        tuner.note(f"numerics guard: {trial.knob} {trial.old} -> {trial.new} reverted at step "
+                   f"{trainer.global_step}; {trial.guard}; the state of step {step} restored "
+                   f"({'done' if restored else 'no snapshot'})")  # fmt: skip
+    if "precision" not in tuner.math.in_force:  # a kept precision change stays watched
+        guard.drop()
+
+
+def count_switch(tuner: Tuner) -> None:
+    """A compile trial's window starts: count its settle steps' excess over the reference's.
+
+    That excess (the compiling) is a cost of tuning that no window measures.
+    """
+    loop, ref = tuner.loop, tuner.loop.ref
+    if loop.trial_knob != "compile" or not loop.measuring_new or ref is None:
+        return
+    log = tuner.monitor.clock.step_log[tuner.switch_from :]
+    step_s = ref.total_s / max(1, ref.steps)
+    excess = max(0.0, sum(s for _, s, _ in log) - step_s * len(log))
+    tuner.cost = dataclasses.replace(tuner.cost, switch_s=tuner.cost.switch_s + excess)
+
+
+def watch(tuner: Tuner, losses: list[float]) -> None:
+    """After tuning: a kept precision change must keep training finite, else it is undone."""
+    guard, trainer = tuner.guard, tuner.math.trainer
+    if "precision" not in tuner.math.in_force or not guard.enabled or trainer is None:
+        return
+    check = loss_band([], losses, params_finite=guard.params_finite(trainer.lightning_module))
+    failed = not check.passed
+    if trainer.world_size > 1:
+        failed = trainer.strategy.reduce_boolean_decision(failed, all=False)
+    if not failed:
+        guard.snapshot(trainer)  # the last state that passed
+        return
+    step = guard.snapshot_step
+    old, original = tuner.math.in_force["precision"], tuner.math.original("precision")
+    tuner.knobs.request(precision=original)
+    restored = guard.restore(trainer)
+    guard.drop()
+    tuner.monitor.clock.update_context(**tuner.knobs.context())
+    tuner.record_change("precision", old, original, f"reverted by the numerics guard: {check}")
+    tuner.note(f"numerics guard: precision {old} -> {original} at step {trainer.global_step} "
+               f"({check.reason}); the state of step {step} restored "
+               f"({'done' if restored else 'no snapshot'})")  # fmt: skip

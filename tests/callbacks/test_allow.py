@@ -1,0 +1,83 @@
+"""``allow``: which knobs beyond the loader's a fit may try, in which order; the guard's rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_maxtp.callbacks.allow import MATH_KNOBS, math_knobs_for, resolve_allow
+from lightning_maxtp.callbacks.guard import loss_band
+
+
+def test_presets_and_names_resolve_in_one_order() -> None:
+    assert resolve_allow("safe") == ("cudnn_benchmark",)
+    assert resolve_allow("all") == MATH_KNOBS
+    assert resolve_allow(["compile", "precision"]) == ("precision", "compile")
+    assert resolve_allow("safe", batch_size=True) == ("cudnn_benchmark", "batch_size")
+    # A deterministic Trainer keeps cuDNN's kernel choice fixed, even when named.
+    assert "cudnn_benchmark" not in resolve_allow("all", deterministic=True)
+
+
+@pytest.mark.parametrize(
+    ("allow", "match"),
+    [
+        ("fast", r"`allow` must be 'safe', 'all' or a tuple of knob names from \('precision'"),
+        (("precision", "bf16"), r"unknown knob\(s\) \['bf16'\]; the valid names are"),
+        (3, r"`allow` must be"),
+    ],
+)
+def test_bad_allow_names_the_argument_and_the_valid_names(allow: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_allow(allow)
+
+
+def test_the_callback_refuses_a_bad_allow_before_the_fit() -> None:
+    from lightning_maxtp.callbacks import MaxThroughputCallback
+
+    with pytest.raises(ValueError, match=r"unknown knob\(s\) \['tensorcores'\]"):
+        MaxThroughputCallback(allow=("tensorcores",))  # type: ignore[arg-type]
+    callback = MaxThroughputCallback(allow=["precision"])  # type: ignore[arg-type]
+    assert callback.config.allow == ("precision",)
+    assert callback.config.to_dict()["allow"] == ["precision"]
+
+
+def test_lightning_cli_validates_allow_when_it_parses() -> None:
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    from lightning_maxtp.callbacks import MaxThroughputCallback
+
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(MaxThroughputCallback, "cb")
+    assert parser.parse_args(["--cb.allow", "all"]).cb.allow == "all"
+    parsed = parser.parse_args(["--cb.allow", "[precision, compile]"]).cb.allow
+    assert tuple(parsed) == ("precision", "compile")
+    with pytest.raises(Exception, match="allow"):
+        parser.parse_args(["--cb.allow", "fast"])
+
+
+def test_the_diagnosis_orders_the_math_knobs() -> None:
+    everything = MATH_KNOBS
+    assert math_knobs_for("compute", everything)[:3] == ("precision", "channels_last", "tf32")
+    assert math_knobs_for("kernel_launch", everything)[0] == "compile"
+    assert math_knobs_for("vram", everything) == ("precision",)
+    # The device waits on the loader: faster math cannot show in the throughput.
+    assert math_knobs_for("data_pipeline", everything) == ()
+    assert math_knobs_for("storage", everything) == ()
+    assert math_knobs_for("compute", ("compile",)) == ("compile",)
+
+
+def test_the_guard_fails_non_finite_losses_and_a_loss_out_of_the_band() -> None:
+    reference = [2.30, 2.32, 2.28, 2.31, 2.29, 2.33, 2.30, 2.27]
+    nan = loss_band(reference, [2.3, math.nan, 2.2])
+    assert not nan.passed and nan.non_finite == 1 and "1 of 3 losses not finite" in nan.reason
+    assert not loss_band(reference, [2.3], params_finite=False).passed
+    ok = loss_band(reference, [2.25, 2.27, 2.26])  # training goes on: the loss falls
+    assert ok.passed and ok.limit is not None and ok.reference_loss == pytest.approx(2.30, abs=0.01)
+    # The band is the larger of 4 spreads and 10 % of the median: 2.30 + 0.23.
+    assert ok.limit == pytest.approx(2.30 + 0.1 * 2.30, abs=0.01)
+    risen = loss_band(reference, [2.9, 3.1, 3.0])
+    assert not risen.passed and "rose out of the band" in risen.reason
+    assert "median loss 3 vs 2.3" in str(risen)
+    # Without a reference only finiteness is checked.
+    assert loss_band([], [9.0, 9.5]).passed

@@ -1,0 +1,172 @@
+"""``allow``'s math knobs on real CPU fits: tried one at a time, guarded, reverted, put back.
+
+The conv net plants what a test needs (NaN losses under autocast, a layout that is slower, fp32
+that is slower) so the verdicts do not hang on this machine's load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightning_maxtp.callbacks import MaxThroughputCallback
+from tests.helpers.models import ConvModel, image_loader
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class History(Callback):
+    """The module's parameters after every step (runs after the tuning callback's hooks)."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any
+    ) -> None:
+        self.states[trainer.global_step] = {
+            k: v.detach().clone() for k, v in pl_module.state_dict().items()
+        }
+
+
+def _fit(model: ConvModel, steps: int, **kwargs: Any) -> tuple[MaxThroughputCallback, History]:
+    pl.seed_everything(0, verbose=False)
+    defaults: dict[str, Any] = {
+        "warmup_steps": 2, "window_steps": 8, "tune_loader": False, "verbose": False,
+        "sampler_interval_s": None, "cost_share": None, "max_trials": 4,
+    }  # fmt: skip
+    callback, history = MaxThroughputCallback(**(defaults | kwargs)), History()
+    trainer = pl.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[callback, history], max_steps=steps,
+    )  # fmt: skip
+    trainer.fit(model, image_loader())
+    return callback, history
+
+
+def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored() -> None:
+    model = ConvModel(nan_under_autocast=True)
+    callback, history = _fit(model, 60, allow=("precision",))
+
+    (trial,) = callback.trials
+    assert (trial.knob, trial.old, trial.new) == ("precision", "32-true", "bf16-mixed")
+    assert trial.verdict == "guarded" and not trial.kept, str(trial)
+    assert trial.guard is not None and trial.guard.non_finite > 0
+    assert "reverted by the numerics guard" in str(trial)
+    # The guard reverted it at the end of the trial window: right then the parameters are those
+    # of the step the trial started from, bit for bit, though the steps before were NaN.
+    before = history.states[trial.first_step]
+
+    def same(step: int) -> bool:
+        return all(torch.equal(before[k], history.states[step][k]) for k in before)
+
+    restored = [s for s in sorted(history.states) if s > trial.first_step and same(s)]
+    assert restored, "no step after the trial shows the snapshot's parameters"
+    restored_at = restored[0]
+    assert any(torch.isnan(v).any() for v in history.states[restored_at - 1].values())
+    # Training goes on in fp32 with finite losses; the report says what happened.
+    assert all(math.isfinite(x) for x in model.losses[restored_at + 1 :])
+    assert all(math.isfinite(float(p.sum())) for p in model.parameters())
+    assert any(n.startswith("numerics guard: precision 32-true -> bf16-mixed") for n in
+               callback.tuning.notes)  # fmt: skip
+    assert callback.report.to_dict()["tuning"]["trials"][0]["guard"]["passed"] is False
+    assert "precision" not in callback.tuning.settings
+
+
+def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> None:
+    model = ConvModel(slow_channels_last=True)
+    callback, _ = _fit(model, 60, allow=("channels_last",))
+
+    (trial,) = callback.trials
+    assert (trial.knob, trial.new, trial.verdict) == ("channels_last", True, "reverted"), str(trial)
+    assert trial.guard is not None and trial.guard.passed
+    # During the trial the weights and the batches were NHWC; after it neither is.
+    assert any(model.input_channels_last) and not model.input_channels_last[-1]
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert "on_after_batch_transfer" not in vars(model)
+    assert "channels_last" not in callback.tuning.settings  # never slower than its start
+
+
+def test_a_kept_precision_stays_watched_and_is_undone_when_it_breaks() -> None:
+    # fp32 sleeps, so bf16 pays for sure; from step 70 on autocast gives NaN losses.
+    model = ConvModel(slow_fp32=True, nan_under_autocast=True, nan_from_step=70)
+    callback, _ = _fit(model, 120, allow=("precision",), monitor_window_steps=10)
+
+    trial = callback.trials[0]  # a loader knob may follow: bf16 makes the step wait on data
+    assert trial.knob == "precision" and trial.kept, str(trial)
+    undone = [c for c in callback.knob_changes if "numerics guard" in c.reason]
+    assert len(undone) == 1 and undone[0].knob == "precision" and undone[0].new == "32-true"
+    note = next(n for n in callback.tuning.notes if n.startswith("numerics guard: precision"))
+    assert "restored (done)" in note
+    # The losses after the revert are finite again: the damaged steps did not survive.
+    assert all(math.isfinite(x) for x in model.losses[-10:])
+    assert str(callback.tuner.math.trainer.precision) == "32-true"  # type: ignore[union-attr]
+
+
+def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept() -> None:
+    model = ConvModel()
+    callback, _ = _fit(model, 60, allow=("compile",))
+
+    (trial,) = callback.trials
+    assert trial.knob == "compile" and trial.verdict in ("kept", "reverted", "undecided")
+    compiled = [m for m in model.children() if getattr(m, "_compiled_call_impl", None)]
+    assert bool(compiled) == trial.kept
+    cost = callback.tuning.cost
+    assert cost is not None and cost.switch_s > 0.2, cost  # compiling: in no window, yet counted
+    assert "switching math knobs (compiling)" in str(cost)
+    assert all(math.isfinite(x) for x in model.losses)
+
+
+def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back() -> None:
+    matmul = torch.get_float32_matmul_precision()
+    callback, _ = _fit(ConvModel(), 40)
+
+    assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
+    assert any(n.startswith("not allowed: precision, channels_last") for n in callback.tuning.notes)
+    assert torch.get_float32_matmul_precision() == matmul
+
+
+_DDP_SCRIPT = """
+import sys, json
+sys.path.insert(0, {root!r})
+import lightning.pytorch as pl, torch
+from lightning_maxtp.callbacks import MaxThroughputCallback
+from tests.helpers.models import ConvModel, image_loader
+
+pl.seed_everything(0, verbose=False)
+cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=4,
+                           verbose=False, sampler_interval_s=None, cost_share=None,
+                           allow=("precision", "channels_last", "fused_optimizer"))
+model = ConvModel(nan_under_autocast=True)
+trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=50, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[cb])
+trainer.fit(model, image_loader(1024))
+out = {{"trials": [(t.knob, t.new, t.verdict) for t in cb.trials],
+        "settings": {{k: str(v) for k, v in cb.tuning.settings.items()}},
+        "checksum": float(sum(p.double().sum() for p in model.parameters()))}}
+with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_math.py"
+    script.write_text(textwrap.dedent(_DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path))))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=240, cwd=tmp_path,
+                   capture_output=True)  # fmt: skip
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
+    # The NaN under autocast fails the guard on both ranks alike; both restore the same state.
+    assert ranks[0]["trials"][0] == ["precision", "bf16-mixed", "guarded"]
+    assert ranks[0]["settings"] == ranks[1]["settings"]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and math.isfinite(ranks[0]["checksum"])
