@@ -8,8 +8,11 @@ A/B/C alternating rounds on one machine.
    always have loading beside them (steady state, not a drained queue at the end).
 2. A/B/C rounds: ``lightning-defaults`` (batch 32, 0 workers), ``callback`` (the same loader plus
    the callback; timed after ``--warmup-callback`` steps, which must cover the tuning, and the
-   table says whether it did), ``sweep-best``.
-The callback's trials, stop reason and tuning time are printed and kept in the params.
+   table says whether it did), ``sweep-best``. ``--also-allow all`` adds ``callback-all``: the
+   callback with ``allow="all"`` on a module whose ``train_dataloader()`` reads its
+   ``batch_size`` (so the batch may grow), timed after ``--warmup-all`` steps.
+The callback's trials, stop reason, tuning time and whole-fit wall-clock are printed and kept
+in the params.
 
 ``--read-latency-ms`` (default 5, as the demo) makes every file read wait first, like network
 storage; with 0 the files are read from the local disk as they are, and on a small CPU-only
@@ -32,15 +35,23 @@ from benchmarks.runner import Config, Measurement, report, run_ab
 
 def timed_fit(
     args: argparse.Namespace, dataset: Any, settings: Any, *, callback: Any = None,
-    classes: int = 10,
+    classes: int = 10, resizable: bool = False,
 ) -> tuple[Measurement, Any]:  # fmt: skip
-    """One fit: ``warmup`` untimed steps then ``steps`` timed ones; returns (measurement, cb)."""
+    """One fit: ``warmup`` untimed steps then ``steps`` timed ones; returns (measurement, cb).
+
+    ``resizable``: the module builds its loader from its ``batch_size`` (``allow="all"`` may
+    grow it), and the callback's ``fit_s`` is set to the whole fit's wall-clock.
+    """
+    import dataclasses
+    import time
+
     import lightning.pytorch as pl
 
     from benchmarks.timing import StepTimer
     from benchmarks.workloads.jpeg import ImageClassifier, make_loader
 
     warmup = args.warmup_callback if callback is not None else args.warmup
+    warmup = args.warmup_all if resizable else warmup
     timer = StepTimer(warmup, args.steps)
     trainer = pl.Trainer(
         accelerator=args.device, devices=1, precision=args.precision, max_steps=warmup + args.steps,
@@ -50,19 +61,41 @@ def timed_fit(
     # The loader runs on past the last timed step: a loader that ends with the fit lets a deep
     # queue (workers x prefetch batches) finish loading early, and the last steps then train
     # without any loading beside them, which flatters deep queues in a short run.
-    loader = make_loader(dataset, settings, steps=warmup + args.steps + args.tail)
-    trainer.fit(ImageClassifier(args.model, num_classes=classes), train_dataloaders=loader)
+    batches = warmup + args.steps + args.tail
+
+    class Resizable(ImageClassifier):
+        batch_size = settings.batch_size
+
+        def train_dataloader(self) -> Any:
+            return make_loader(dataset, dataclasses.replace(settings, batch_size=self.batch_size),
+                               steps=batches)  # fmt: skip
+
+    start = time.perf_counter()
+    if resizable:
+        trainer.fit(Resizable(args.model, num_classes=classes))
+    else:
+        loader = make_loader(dataset, settings, steps=batches)
+        trainer.fit(ImageClassifier(args.model, num_classes=classes), train_dataloaders=loader)
+    if callback is not None:
+        callback.fit_s = time.perf_counter() - start
     assert timer.start is not None and timer.stop is not None
     return Measurement(timer.samples, timer.stop - timer.start, args.steps, warmup), callback
 
 
-def make_callback(args: argparse.Namespace) -> Any:
-    """The callback as a user adds it, with windows sized for a short benchmark."""
+def make_callback(args: argparse.Namespace, allow: str = "safe") -> Any:
+    """The callback as a user adds it, with windows sized for a short benchmark.
+
+    With ``allow="all"`` it may try every knob (``--max-trials-all``), and the tuning budget is
+    ``--cost-share-all`` (``0``: none, as for a long job whose steady rate is measured).
+    """
     from lightning_maxtp.callbacks import MaxThroughputCallback
 
+    every = allow == "all"
+    share = args.cost_share_all if every else 0.05
     return MaxThroughputCallback(
-        warmup_steps=3, window_steps=args.window, max_trials=args.max_trials,
-        loader_time_budget_s=args.loader_budget, verbose=False,
+        warmup_steps=3, window_steps=args.window, loader_time_budget_s=args.loader_budget,
+        max_trials=args.max_trials_all if every else args.max_trials, verbose=False,
+        allow=allow, cost_share=share or None,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -85,6 +118,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=140,
         help="untimed steps of the callback run: the paired trials need about 50 steps each",
     )
+    p.add_argument(
+        "--also-allow",
+        choices=("all",),
+        default=None,
+        help="add a callback-all config: allow='all' on a resizable module",
+    )
+    p.add_argument(
+        "--warmup-all",
+        type=int,
+        default=400,
+        help="untimed steps of the callback-all run (it tries more knobs)",
+    )
+    p.add_argument("--max-trials-all", type=int, default=10)
+    p.add_argument(
+        "--cost-share-all",
+        type=float,
+        default=0.0,
+        help="cost_share of the callback-all run (0: no share limit)",
+    )
     p.add_argument("--tail", type=int, default=64, help="batches the loader has past the end")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--max-trials", type=int, default=3)
@@ -104,6 +156,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.images, args.image_size, args.crop, args.steps, args.rounds = 64, 64, 32, 3, 1
         args.warmup, args.tail = 3, 8
         args.warmup_callback, args.window, args.max_trials, args.loader_budget = 14, 3, 1, 2.0
+        args.warmup_all, args.max_trials_all = 24, 2
     return args
 
 
@@ -149,8 +202,10 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     defaults = LoaderSettings(batch_size=args.batch_size)
     callbacks: list[Any] = []
 
-    def with_callback() -> Measurement:
-        measurement, cb = timed_fit(args, dataset, defaults, callback=make_callback(args))
+    def with_callback(allow: str = "safe") -> Measurement:
+        callback = make_callback(args, allow)
+        measurement, cb = timed_fit(args, dataset, defaults, callback=callback,
+                                    resizable=allow == "all")  # fmt: skip
         callbacks.append(cb)
         return measurement
 
@@ -159,12 +214,18 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
         Config("callback", with_callback, {"loader": "defaults + MaxThroughputCallback()"}),
         Config("sweep-best", lambda: timed_fit(args, dataset, best)[0], vars(best)),
     ]
+    if args.also_allow == "all":
+        every = {"loader": "defaults + MaxThroughputCallback(allow='all')"}
+        configs.append(Config("callback-all", lambda: with_callback("all"), every))
     tuning = []
     result = run_ab(name, configs, rounds=args.rounds, params={})
     for cb in callbacks:
         summary = cb.tuning
         # Tuning ends before the timed steps when it finished before the fit did.
-        tuning.append({**summary.to_dict(), "finished_before_timing": summary.finished})
+        tuning.append({**summary.to_dict(), "finished_before_timing": summary.finished,
+                       "allow": cb.config.to_dict()["allow"], "fit_s": cb.fit_s,
+                       "kept": [(t.knob, t.new, t.gain) for t in summary.trials if t.kept],
+                       "batch_size": getattr(cb.batch_plan, "batch_size", None)})  # fmt: skip
         print(summary)
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     params |= {"sweep": {k: r for k, (_, r) in sweep.items()}, "sweep_best": best_name,
@@ -174,6 +235,9 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     ratios = result.ratios()
     print(f"callback / sweep-best: {ratios['callback'] / ratios['sweep-best']:.3f}; "
           f"callback / defaults: {ratios['callback']:.2f}x")  # fmt: skip
+    if "callback-all" in ratios:
+        print(f"callback-all / defaults: {ratios['callback-all']:.2f}x; callback-all / "
+              f"sweep-best: {ratios['callback-all'] / ratios['sweep-best']:.3f}")  # fmt: skip
     return result.to_dict()
 
 

@@ -121,28 +121,37 @@ def read_batch_size(model: pl.LightningModule, batch_arg_name: str) -> int | Non
     return value if isinstance(value, int) and value > 0 else None
 
 
+def resize_reason(trainer: pl.Trainer, batch_arg_name: str) -> str | None:
+    """Why the train loader's batch size cannot be changed (``None``: it can)."""
+    from lightning.pytorch.utilities.parsing import lightning_hasattr
+
+    if not trainer.fit_loop._data_source.is_module():
+        # The attribute may exist (hparams) yet the loader passed to fit() would never read it.
+        return (
+            "the train DataLoader was passed to `fit()`, which cannot be resized; build it in "
+            "`train_dataloader()` of the LightningModule or a DataModule from an attribute "
+            f"{batch_arg_name!r}"
+        )
+    if not lightning_hasattr(trainer.lightning_module, batch_arg_name):
+        return (
+            f"no attribute {batch_arg_name!r} on the model, its hparams or the datamodule; store "
+            "the batch size there and read it in `train_dataloader()`, or pass `batch_arg_name=`"
+        )
+    return None
+
+
 def set_batch_size(trainer: pl.Trainer, batch_arg_name: str, value: int) -> None:
     """Write the batch size where ``train_dataloader()`` reads it; rebuild a built loader.
 
     Raises:
         ValueError: If no model, hparams or datamodule attribute holds the batch size.
     """
-    from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+    from lightning.pytorch.utilities.parsing import lightning_setattr
 
     model = trainer.lightning_module
-    if not trainer.fit_loop._data_source.is_module():
-        # The attribute may exist (hparams) yet the loader passed to fit() would never read it.
-        raise ValueError(
-            f"cannot apply batch size {value}: the train DataLoader was passed to `fit()`, which "
-            "cannot be resized; build it in `train_dataloader()` of the LightningModule or a "
-            f"DataModule from an attribute {batch_arg_name!r}"
-        )
-    if not lightning_hasattr(model, batch_arg_name):
-        raise ValueError(
-            f"cannot apply batch size {value}: no attribute {batch_arg_name!r} on the model, its "
-            "hparams or the datamodule; store the batch size there and read it in "
-            "`train_dataloader()`, or pass `batch_arg_name=`"
-        )
+    why = resize_reason(trainer, batch_arg_name)
+    if why is not None:
+        raise ValueError(f"cannot apply batch size {value}: {why}")
     lightning_setattr(model, batch_arg_name, value)
     loop = trainer.fit_loop
     if loop._combined_loader is not None:

@@ -2,14 +2,17 @@
 
 A resumed run (``trainer.fit(..., ckpt_path=...)``) or a second ``fit`` with the same callback
 should not pay for tuning again when nothing it was tuned for changed. The state records the
-settings in force and what they were tuned on: the machine (usable CPUs, GPU names, world size)
-and the loader (dataset type and length, batch size). A later fit applies them at once when both
-match, and re-tunes, saying which differs, when one does not.
+settings in force (the loader's, and the math knobs kept) and what they were tuned on: the
+machine (usable CPUs, GPU names, world size) and the loader (dataset type and length, batch
+size). A later fit applies them at once when both match (math knobs only where its ``allow``
+permits them), and re-tunes, saying which differs, when one does not.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -100,7 +103,11 @@ def adopt_carried(tuner: Tuner, trainer: pl.Trainer) -> None:
         if why:
             tuner.note(why)
         return
-    changed = {k: v for k, v in settings.items() if loader.settings().get(k) != v}
+    # Math knobs come back only where this fit allows them (``allow``).
+    settings = {k: v for k, v in settings.items()
+                if k in LOADER_KNOBS or k in tuner.math.allowed}  # fmt: skip
+    now = tuner.knobs.current(settings)
+    changed = {k: v for k, v in settings.items() if now.get(k) != v}
     if changed:
-        loader.request(**changed)
+        tuner.knobs.request(**changed)
     tuner.stop(why, converged=True)

@@ -129,8 +129,8 @@ class MathKnobs:
         device = self._device()
         if knob in CUDA_ONLY and device != "cuda":
             return "CUDA only"
-        if knob != "precision" and self.current(knob):  # precision: a string, checked below
-            return "already on"
+        if knob in self.in_force or (knob != "precision" and self.current(knob)):
+            return "already on"  # precision is a string: the Trainer's own is checked below
         why = getattr(self, f"_why_not_{knob}")(device)
         if why is not None:
             return str(why)

@@ -58,9 +58,9 @@ def math_change(tuner: Tuner, kind: str) -> Change | None:
         offer = tuner.math.offer(knob)
         left = tuner.summary.cost.left_s if tuner.summary.cost is not None else math.inf
         if knob == "compile" and isinstance(offer, tuple) and left < COMPILE_COST_S:
-            offer = f"the tuning budget left ({left:.0f} s) is less than a compile takes"
+            offer = f"less tuning budget left than a compile takes ({COMPILE_COST_S:.0f} s)"
         if isinstance(offer, str):
-            if offer != "already on" and tuner.config.allow != "safe":
+            if offer not in ("already on", "CUDA only") and tuner.config.allow != "safe":
                 tuner.note(f"{knob} not tried: {offer}")
             continue
         _, new, why = offer

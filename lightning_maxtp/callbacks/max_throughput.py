@@ -232,6 +232,14 @@ class MaxThroughputCallback(Callback):
         if "batch_size" not in self.tuner.math.allowed:
             return
         from lightning_maxtp.batch_size.find import find_batch_size
+        from lightning_maxtp.batch_size.trainer_internals import resize_reason
+
+        why = resize_reason(trainer, "batch_size")
+        if why is not None:
+            if self.config.allow == "all" and not self.config.allow_batch_size_change:
+                self.tuner.note(f"batch_size not tried: {why}")
+                return
+            raise ValueError(f"`allow` includes 'batch_size', but {why}")
 
         # "grow": a batch of 32 kept as the global batch could never get faster.
         self.batch_plan = find_batch_size(pl_module, trainer=trainer, global_batch="grow")

@@ -157,7 +157,8 @@ class Tuner:
         if self.loader is None or not self.loop.converged:
             return {}
         machine = machine_key(self.resources, self.world_size)
-        return state(self.loader.settings(), machine, loader_key(self.source_loader))
+        settings = {**self.loader.settings(), **self.math.in_force}
+        return state(settings, machine, loader_key(self.source_loader))
 
     def on_step(self) -> None:
         """A training step ended: a measured window may start at this boundary."""

@@ -170,3 +170,21 @@ def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
     assert ranks[0]["trials"][0] == ["precision", "bf16-mixed", "guarded"]
     assert ranks[0]["settings"] == ranks[1]["settings"]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and math.isfinite(ranks[0]["checksum"])
+
+
+def test_a_kept_math_knob_is_carried_into_the_next_fit_of_the_same_callback() -> None:
+    model = ConvModel(slow_fp32=True)
+    callback, _ = _fit(model, 60, allow=("precision",), max_trials=1)
+    assert callback.trials[0].kept, str(callback.trials[0])
+    assert callback.state_dict()["settings"]["precision"] == "bf16-mixed"
+
+    trainer = pl.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[callback], max_steps=20,
+    )  # fmt: skip
+    steps_before = len(model.losses)
+    trainer.fit(model, image_loader())
+    assert callback.tuning.stop_reason.startswith("settings tuned earlier on this machine")
+    assert not callback.trials and callback.tuning.settings["precision"] == "bf16-mixed"
+    assert len(model.losses) == steps_before + 20
+    assert str(trainer.precision) == "32-true"  # the Trainer's own precision, back at the end

@@ -37,3 +37,10 @@ def test_one_line_example_runs_with_the_callback(tmp_path: Path) -> None:
     out = _run(str(ROOT / "examples" / "callback_one_line.py"), "--maxtp", "--steps", "40",
                cwd=tmp_path)  # fmt: skip
     assert re.search(r"^with MaxThroughputCallback: 40 steps in [\d.]+ s", out, flags=re.M)
+
+
+def test_allow_all_example_shows_the_guard_undoing_a_broken_bf16(tmp_path: Path) -> None:
+    out = _run(str(ROOT / "examples" / "callback_allow_all.py"), "--steps", "60", "--allow",
+               "precision", "--break-bf16", cwd=tmp_path)  # fmt: skip
+    assert re.search(r"^allow=precision: 60 steps in [\d.]+ s, batch size now 32$", out, re.M)
+    assert re.search(r"^  precision: guarded \([+-]\d+%\)$", out, re.M)
