@@ -133,8 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "wall_ratio": {c: wall[c] / wall["defaults"] for c in CONFIGS[1:]},
             "rate_ratio": {c: rate[c] / rate["defaults"] for c in CONFIGS[1:]},
         }  # fmt: skip
+    cpus = inspect_resources().cpu.effective
     lines = [
-        f"allow on the CPU, {rounds} round(s): whole-fit wall-clock and last-quarter rate",
+        f"allow on the CPU ({cpus} usable CPUs, no GPU), {rounds} round(s): whole-fit wall-clock "
+        "and last-quarter rate",
         f"{'job':<6} {'steps':>5} {'defaults s':>10} {'safe s':>7} {'all s':>7} "
         f"{'all/def wall':>12} {'all/def rate':>12}  kept by all",
     ]
