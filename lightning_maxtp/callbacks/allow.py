@@ -64,8 +64,9 @@ def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: boo
     Args:
         allow: ``"safe"``, ``"all"``, or a tuple (or list) of names from ``MATH_KNOBS``.
         batch_size: ``allow_batch_size_change=True``: ``"batch_size"`` is added.
-        deterministic: The Trainer is deterministic: ``cudnn.benchmark`` stays off even when
-            named (it picks kernels by timing, so two runs may differ).
+        deterministic: The Trainer is deterministic: ``cudnn.benchmark`` and the guarded knobs
+            stay off even when named (they are kept or not by timing, so two runs could
+            differ; ``cudnn.benchmark`` also picks its kernels by timing).
 
     Raises:
         ValueError: ``allow`` is neither preset nor a sequence of known names.
@@ -92,8 +93,8 @@ def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: boo
         )
     if batch_size:
         names.add("batch_size")
-    if deterministic:
-        names.discard("cudnn_benchmark")
+    if deterministic:  # knobs kept or not by timing: two runs could differ
+        names -= {"cudnn_benchmark", *GUARDED}
     return tuple(n for n in MATH_KNOBS if n in names)
 
 

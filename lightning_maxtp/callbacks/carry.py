@@ -103,9 +103,11 @@ def adopt_carried(tuner: Tuner, trainer: pl.Trainer) -> None:
         if why:
             tuner.note(why)
         return
-    # Math knobs come back only where this fit allows them (``allow``).
-    settings = {k: v for k, v in settings.items()
-                if k in LOADER_KNOBS or k in tuner.math.allowed}  # fmt: skip
+    # Math knobs come back only where this fit allows them and could try them (its Trainer's
+    # precision or strategy may differ from the fit that kept them).
+    math = tuner.math
+    settings = {k: v for k, v in settings.items() if k in LOADER_KNOBS
+                or (k in math.allowed and isinstance(math.offer(k), tuple))}  # fmt: skip
     now = tuner.knobs.current(settings)
     changed = {k: v for k, v in settings.items() if now.get(k) != v}
     if changed:

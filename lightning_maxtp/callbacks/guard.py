@@ -13,9 +13,11 @@ guard when
   the band is wide, since one batch's loss varies a lot from the next one's.
 
 A failed trial is reverted and the snapshot restored, so no step it damaged survives (the
-updates since the snapshot are undone; their samples are not seen again). A kept precision
-change stays watched: each later window must be finite, else precision is reverted and the
-state restored from the last window that passed.
+updates since the snapshot are undone; their samples are not seen again), the gradients are
+cleared, and the learning rate schedule goes on. A kept precision change stays watched once
+tuning is over: each monitoring window must be finite, else precision is reverted and the
+state restored from the last monitoring window that passed (before the first, from the start
+of the precision trial).
 """
 
 from __future__ import annotations
@@ -106,6 +108,42 @@ def _to_host(value: Any) -> Any:
     return apply_to_collection(value, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
 
 
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter's optimizer state, its tensors on the host (with their device)."""
+    import torch
+
+    saved = []
+    for p in _params(optimizer):
+        state = optimizer.state.get(p) or {}
+        saved.append({k: (v.detach().to("cpu", copy=True), v.device) if torch.is_tensor(v)
+                      else v for k, v in state.items()})  # fmt: skip
+    return saved
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, saved: list[dict[str, Any]]) -> None:
+    import torch
+
+    for p, entries in zip(_params(optimizer), saved, strict=True):
+        if not entries:
+            optimizer.state.pop(p, None)
+            continue
+        state = optimizer.state[p]
+        for key, value in entries.items():
+            if not isinstance(value, tuple):
+                state[key] = value
+                continue
+            tensor, device = value
+            live = state.get(key)
+            if torch.is_tensor(live) and live.shape == tensor.shape:
+                live.copy_(tensor)
+            else:
+                state[key] = tensor.to(device, copy=True)
+
+
 class NumericsGuard:
     """Collects each window's losses, snapshots the training state, restores it."""
 
@@ -114,6 +152,8 @@ class NumericsGuard:
         """Whether losses are collected (a guarded knob is allowed)."""
         self.reference: list[float] = []
         """Losses of the last window measured under the reference settings."""
+        self.trial: list[float] = []
+        """Losses of the last window measured under a trial's new settings."""
         self._losses: list[torch.Tensor] = []
         self._snapshot: dict[str, Any] | None = None
         self.snapshot_step: int | None = None
@@ -149,20 +189,30 @@ class NumericsGuard:
         return bool(torch.stack(flags).all().item()) if flags else True
 
     def snapshot(self, trainer: pl.Trainer) -> None:
-        """Copy the module's and the optimizers' state (and the precision plugin's) to host."""
+        """Copy the module's state and each optimizer's per-parameter state to host memory.
+
+        The optimizers' hyperparameters (learning rate, momentum) are not part of it: they
+        belong to the schedule, which goes on; only what the steps computed is undone.
+        """
         self._snapshot = {
             "module": _to_host(trainer.lightning_module.state_dict()),
-            "optimizers": [_to_host(o.state_dict()) for o in trainer.optimizers],
+            "optimizers": [_optimizer_state(o) for o in trainer.optimizers],
         }
         self.snapshot_step = trainer.global_step
 
     def restore(self, trainer: pl.Trainer) -> bool:
-        """Put the snapshot back in place (``False`` when none was taken)."""
+        """Put the snapshot back in place, bit for bit (``False`` when none was taken).
+
+        Tensors are copied into the live ones (their layout and device stay as the knobs in
+        force want them), the gradients are cleared, and a parameter without state then has
+        none again.
+        """
         if self._snapshot is None:
             return False
         trainer.lightning_module.load_state_dict(self._snapshot["module"])
-        for optimizer, state in zip(trainer.optimizers, self._snapshot["optimizers"], strict=True):
-            optimizer.load_state_dict(_to_host(state))  # a copy: the snapshot may serve again
+        for optimizer, saved in zip(trainer.optimizers, self._snapshot["optimizers"], strict=True):
+            _load_optimizer_state(optimizer, saved)
+            optimizer.zero_grad(set_to_none=True)
         return True
 
     def drop(self) -> None:

@@ -27,38 +27,21 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
 
+from lightning_maxtp.callbacks.math_state import (
+    four_d,
+    fused_groups,
+    layouts,
+    state_layout,
+    steps_to,
+    to_channels_last,
+)
+
 __all__ = ["CUDA_ONLY", "MathKnobs"]
 
 CUDA_ONLY = ("tf32", "cudnn_benchmark")
 """Knobs without an effect off CUDA."""
 
 log = logging.getLogger(__name__)
-
-_FUSED = ("Adam", "AdamW", "SGD", "Adagrad")
-"""torch optimizers with a fused step (``fused=True``)."""
-
-
-def _four_d(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [p for p in module.parameters() if p.dim() == 4]
-
-
-def _fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[str, Any]]]:
-    """Param groups that can take ``fused=True`` now (floating params on a fused device)."""
-    import torch
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-    devices = set(_get_fused_kernels_supported_devices())
-    groups = []
-    for optimizer in trainer.optimizers:
-        if type(optimizer).__name__ not in _FUSED or "fused" not in optimizer.defaults:
-            continue
-        for group in optimizer.param_groups:
-            params = group["params"]
-            if group.get("differentiable") or not params:
-                continue
-            if all(p.device.type in devices and torch.is_floating_point(p) for p in params):
-                groups.append((optimizer, group))
-    return groups
 
 
 class MathKnobs:
@@ -75,6 +58,9 @@ class MathKnobs:
         """Knobs whose value differs from the fit's start (kept, or a trial's), for the report."""
         self._start: dict[str, Any] = {}
         self._plugin: Any = None
+        self._plugins: dict[str, Any] = {}
+        """One plugin per mixed precision, reused: a fresh 16-mixed grad scaler would skip the
+        first steps after every switch back (its scale starts high and overflows)."""
         self._globals: dict[str, Any] = {}
         self._compiled: dict[int, Any] = {}
         self._fused_was: list[tuple[torch.optim.Optimizer, dict[str, Any], Any, Any]] = []
@@ -106,11 +92,8 @@ class MathKnobs:
         if knob == "precision":
             return str(self.trainer.precision)
         if knob == "channels_last":
-            weights = _four_d(self._module)
-            return bool(weights) and all(
-                w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
-                for w in weights
-            )
+            nhwc = layouts(four_d(self._module))
+            return bool(nhwc) and all(nhwc)
         if knob == "tf32":
             return torch.get_float32_matmul_precision() != "highest"
         if knob == "cudnn_benchmark":
@@ -119,7 +102,7 @@ class MathKnobs:
             return any(getattr(m, "_compiled_call_impl", None) is not None
                        for m in self._submodules())  # fmt: skip
         if knob == "fused_optimizer":
-            groups = _fused_groups(self.trainer)
+            groups = fused_groups(self.trainer)
             return bool(groups) and all(g.get("fused") for _, g in groups)
         raise ValueError(f"unknown math knob {knob!r}")
 
@@ -141,28 +124,48 @@ class MathKnobs:
             return True
         import torch
 
-        if device == "cuda" and not torch.cuda.is_bf16_supported():
+        # Emulated bf16 (pre-Ampere GPUs) is slower than fp16 with a scaler.
+        if device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
             return "16-mixed"
         return "bf16-mixed"
 
     def _why_not_precision(self, device: str) -> str | None:
         from lightning.pytorch.plugins.precision import Precision
-        from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
         assert self.trainer is not None
         strategy = self.trainer.strategy
         if str(self.trainer.precision) not in ("32-true", "32"):
             return f"the Trainer already runs precision={self.trainer.precision!r}"
-        if not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+        if self._plain_strategy() is not None:
             return f"{type(strategy).__name__} keeps its own precision plugin"
         if type(strategy.precision_plugin) is not Precision:
             return f"custom precision plugin {type(strategy.precision_plugin).__name__}"
+        if self.trainer.accumulate_grad_batches > 1:
+            # A switch between two optimizer steps would unscale gradients summed unscaled.
+            return "gradients accumulate over several batches"
+        handles = any(
+            getattr(o, "_step_supports_amp_scaling", False) for o in self.trainer.optimizers
+        )
+        if self.trainer.gradient_clip_val and handles:
+            return "Lightning cannot clip gradients of a fused optimizer under mixed precision"
         if device not in ("cuda", "cpu"):
             return f"no mixed precision on {device}"
         return None
 
+    def _plain_strategy(self) -> str | None:
+        """Why the strategy keeps the module to itself (sharded), else ``None``."""
+        from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+        assert self.trainer is not None
+        strategy = self.trainer.strategy
+        if isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+            return None
+        return f"{type(strategy).__name__} wraps the module's parameters"
+
     def _why_not_channels_last(self, device: str) -> str | None:
-        return None if _four_d(self._module) else "the module has no 4-D (convolution) weights"
+        if not layouts(four_d(self._module)):
+            return "the module has no 4-D (convolution) weights whose layout can change"
+        return self._plain_strategy()
 
     def _why_not_tf32(self, device: str) -> str | None:
         return None
@@ -175,11 +178,11 @@ class MathKnobs:
             return "no C compiler for inductor on the CPU"
         if device not in ("cuda", "cpu"):
             return f"no inductor backend on {device}"
-        return None
+        return self._plain_strategy()
 
     def _why_not_fused_optimizer(self, device: str) -> str | None:
         assert self.trainer is not None
-        if not _fused_groups(self.trainer):
+        if not fused_groups(self.trainer):
             return "no optimizer with a fused step (Adam, AdamW, SGD, Adagrad on the device)"
         return None
 
@@ -209,19 +212,24 @@ class MathKnobs:
             self._plugin = strategy.precision_plugin
         if value in ("32-true", "32"):
             strategy.precision_plugin = self._plugin
-        else:  # a fresh plugin: a 16-mixed one makes its own grad scaler
-            strategy.precision_plugin = MixedPrecision(value, self._device())  # type: ignore[arg-type]
+            return
+        if value not in self._plugins:  # a 16-mixed one makes its own grad scaler
+            self._plugins[value] = MixedPrecision(value, self._device())  # type: ignore[arg-type]
+        strategy.precision_plugin = self._plugins[value]
 
     def _set_channels_last(self, value: bool) -> None:
         import torch
 
-        module = self._module
-        module.to(memory_format=torch.channels_last if value else torch.contiguous_format)
+        module, layout = self._module, torch.channels_last if value else torch.contiguous_format
+        module.to(memory_format=layout)
+        assert self.trainer is not None
+        for optimizer in self.trainer.optimizers:
+            state_layout(optimizer)
         if value and "on_after_batch_transfer" not in vars(module):
             original = module.on_after_batch_transfer
 
             def on_after_batch_transfer(batch: Any, dataloader_idx: int) -> Any:
-                return _to_channels_last(original(batch, dataloader_idx))
+                return to_channels_last(original(batch, dataloader_idx))
 
             module.on_after_batch_transfer = on_after_batch_transfer  # type: ignore[method-assign]
         elif not value and "on_after_batch_transfer" in vars(module):
@@ -256,13 +264,13 @@ class MathKnobs:
         if not value:
             for optimizer, group, fused, foreach in self._fused_was:
                 group["fused"], group["foreach"] = fused, foreach
-                _steps_to(optimizer, group, fused=bool(fused))
+                steps_to(optimizer, group, fused=bool(fused))
             self._fused_was.clear()
             return
-        for optimizer, group in _fused_groups(self.trainer):
+        for optimizer, group in fused_groups(self.trainer):
             self._fused_was.append((optimizer, group, group.get("fused"), group.get("foreach")))
             group["fused"], group["foreach"] = True, False  # fused and foreach exclude each other
-            _steps_to(optimizer, group, fused=True)
+            steps_to(optimizer, group, fused=True)
 
     def restore(self) -> None:
         """The fit ended: process-wide flags and the precision plugin as they were (idempotent)."""
@@ -290,25 +298,3 @@ _REASONS = {
     "compile": "torch.compile fuses the step's kernels",
     "fused_optimizer": "one fused kernel per optimizer step instead of one per tensor",
 }
-
-
-def _to_channels_last(batch: Any) -> Any:
-    import torch
-    from lightning_utilities.core.apply_func import apply_to_collection
-
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 4 and torch.is_floating_point(t):
-            return t.contiguous(memory_format=torch.channels_last)
-        return t
-
-    return apply_to_collection(batch, torch.Tensor, convert)
-
-
-def _steps_to(optimizer: torch.optim.Optimizer, group: dict[str, Any], *, fused: bool) -> None:
-    """Adam's ``step`` counters live on the CPU, except for a fused step (on the param's device)."""
-    import torch
-
-    for p in group["params"]:
-        state = optimizer.state.get(p)
-        if state and torch.is_tensor(state.get("step")):
-            state["step"] = state["step"].to(p.device if fused else "cpu", torch.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.callbacks.allow import GUARDED, MATH_ORDER, math_knobs_for
 from lightning_maxtp.callbacks.guard import GuardCheck, loss_band
@@ -27,7 +27,9 @@ __all__ = [
     "COMPILE_COST_S",
     "COMPILE_SETTLE_STEPS",
     "after_trial",
+    "closing_check",
     "count_switch",
+    "grow_batch",
     "guard_window",
     "math_change",
     "settle_steps",
@@ -87,6 +89,7 @@ def guard_window(tuner: Tuner, trainer: pl.Trainer, losses: list[float]) -> Guar
     if loop.phase == "baseline" or not loop.measuring_new:
         guard.reference = losses
         return None
+    guard.trial = losses  # the reference's losses if the trial is kept
     if loop.trial_knob not in GUARDED:
         return None
     finite = guard.params_finite(trainer.lightning_module)
@@ -97,6 +100,17 @@ def guard_window(tuner: Tuner, trainer: pl.Trainer, losses: list[float]) -> Guar
         if failed and check.passed:
             check = GuardCheck(False, "failed on another rank", check.steps)
     return check
+
+
+def closing_check(tuner: Tuner) -> GuardCheck | None:
+    """The fit ends during a guarded trial's window: the guard's check of its last steps.
+
+    Called on every rank (``on_train_end``), so the check's all-reduce stays in step.
+    """
+    loop, trainer = tuner.loop, tuner.math.trainer
+    if trainer is None or not loop.measuring_new or loop.trial_knob not in GUARDED:
+        return None
+    return guard_window(tuner, trainer, tuner.guard.take())
 
 
 def start(tuner: Tuner, trainer: pl.Trainer, knob: str) -> None:
@@ -110,6 +124,8 @@ def after_trial(tuner: Tuner, trial: KnobTrial) -> None:
     """A trial was judged: restore the state before it if the guard failed it."""
     guard, trainer = tuner.guard, tuner.math.trainer
     assert trainer is not None
+    if trial.kept:  # its last window is the reference now, for the next trial's band too
+        guard.reference = guard.trial
     if trial.verdict == "guarded":
         restored = guard.restore(trainer)
         step = guard.snapshot_step
@@ -126,8 +142,8 @@ def count_switch(tuner: Tuner) -> None:
     That excess (the compiling) is a cost of tuning that no window measures.
     """
     loop, ref = tuner.loop, tuner.loop.ref
-    if loop.trial_knob != "compile" or not loop.measuring_new or ref is None:
-        return
+    if loop.trial_knob != "compile" or loop.trial_windows != 1 or ref is None:
+        return  # only the first switch compiles; later ones reuse the compiled callables
     log = tuner.monitor.clock.step_log[tuner.switch_from :]
     step_s = ref.total_s / max(1, ref.steps)
     excess = max(0.0, sum(s for _, s, _ in log) - step_s * len(log))
@@ -156,3 +172,33 @@ def watch(tuner: Tuner, losses: list[float]) -> None:
     tuner.note(f"numerics guard: precision {old} -> {original} at step {trainer.global_step} "
                f"({check.reason}); the state of step {step} restored "
                f"({'done' if restored else 'no snapshot'})")  # fmt: skip
+
+
+def grow_batch(tuner: Tuner, trainer: pl.Trainer) -> Any:
+    """Before training: ``find_batch_size``'s fastest batch, applied, when ``allow`` has it.
+
+    ``global_batch="grow"`` (the learning rate scaled and warmed up): a batch of 32 kept as
+    the global batch could never get faster.
+
+    Returns:
+        The applied ``BatchSizePlan``, or ``None`` (not allowed, or noted as not possible).
+
+    Raises:
+        ValueError: The batch size was asked for by name and the loader cannot be resized.
+    """
+    if "batch_size" not in tuner.math.allowed:
+        return None
+    from lightning_maxtp.batch_size.find import find_batch_size
+    from lightning_maxtp.batch_size.trainer_internals import resize_reason
+
+    why = resize_reason(trainer, "batch_size")
+    by_flag = tuner.config.allow_batch_size_change
+    if why is not None and tuner.config.allow == "all" and not by_flag:
+        tuner.note(f"batch_size not tried: {why}")
+        return None
+    if why is not None:
+        asked = "`allow_batch_size_change=True`" if by_flag else "`allow` names 'batch_size'"
+        raise ValueError(f"{asked}, but {why}")
+    plan = find_batch_size(trainer.lightning_module, trainer=trainer, global_batch="grow")
+    plan.apply(trainer)
+    return plan

@@ -24,6 +24,7 @@ from lightning_maxtp.callbacks.allow import Allow
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.loader_trial import plan_line
+from lightning_maxtp.callbacks.math_trial import grow_batch
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.callbacks.trials import KnobTrial, TuningSummary
 from lightning_maxtp.callbacks.tuner import Tuner
@@ -54,14 +55,12 @@ class MaxThroughputCallback(Callback):
     seed fewer from the global RNG per epoch, so a sampler without its own ``generator``
     shuffles later epochs differently, as it would with that setting by hand).
 
-    ``allow`` reaches further: ``"safe"`` adds ``cudnn.benchmark`` on CUDA (unless the Trainer is
-    deterministic); ``"all"``, or a tuple of names, adds precision, channels_last, TF32,
-    torch.compile, fused optimizer steps and the batch size (``find_batch_size`` before training
-    with ``global_batch="grow"``: LR scaled, warmed up, reported). Each is one more trial, kept
-    only when it pays beyond the noise, tried in the order the diagnosis points to; those that
-    round differently run under a numerics guard that reverts the trial and restores the
-    model's and optimizers' state when a loss or parameter goes non-finite or the loss rises out
-    of the reference's band (``callbacks.guard``). A kept precision change stays watched.
+    ``allow="safe"`` adds ``cudnn.benchmark`` on CUDA; ``"all"`` (or names) adds precision,
+    channels_last, TF32, torch.compile, fused optimizer steps and the batch size (grown before
+    training by ``find_batch_size``, LR scaled and warmed up). Each is a trial in the order the
+    diagnosis points to; those that round differently run under a numerics guard that reverts
+    the trial and restores the model's and optimizers' state when a loss or parameter goes
+    non-finite or the loss rises out of the reference's band (``callbacks.guard``).
     Process-wide flags and the Trainer's precision are put back when the fit ends. Under DDP
     rank zero decides and every rank applies the same change at the same step.
 
@@ -229,22 +228,8 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "batch_size" not in self.tuner.math.allowed:
-            return
-        from lightning_maxtp.batch_size.find import find_batch_size
-        from lightning_maxtp.batch_size.trainer_internals import resize_reason
-
-        why = resize_reason(trainer, "batch_size")
-        if why is not None:
-            if self.config.allow == "all" and not self.config.allow_batch_size_change:
-                self.tuner.note(f"batch_size not tried: {why}")
-                return
-            raise ValueError(f"`allow` includes 'batch_size', but {why}")
-
-        # "grow": a batch of 32 kept as the global batch could never get faster.
-        self.batch_plan = find_batch_size(pl_module, trainer=trainer, global_batch="grow")
-        self.batch_plan.apply(trainer)
-        if self.verbose:
+        self.batch_plan = grow_batch(self.tuner, trainer)
+        if self.batch_plan is not None and self.verbose:
             rank_zero_info(str(self.batch_plan))
 
     # -- the monitor's hooks ----------------------------------------------------------------
@@ -275,6 +260,9 @@ class MaxThroughputCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.monitor.on_exception(trainer, pl_module, exception)
+        # Lightning does not call ``teardown`` after an exception: process state goes back here.
+        self.tuner.knobs.threads.restore()
+        self.tuner.math.restore()
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -210,7 +210,7 @@ class Tuner:
         if self._tuning_span:  # the steps measured from the baseline on (validation excluded)
             steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
             self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
-        trial = self.loop.end()
+        trial = self.loop.end(math_trial.closing_check(self))
         if trial is not None:
             self._finish_trial(trial)
         self.knobs.threads.restore()  # process state: the next fit starts as this one did

@@ -63,8 +63,7 @@ class _Trial:
     measuring: str = "new"
     """Which settings the window being measured runs with: ``"new"`` or ``"old"``."""
     settle_steps: int = 0
-    guard: Any = None
-    """The numerics guard's last check of a window under the new settings (guarded knobs)."""
+    guard: Any = None  # the numerics guard's last check of a window under the new settings
 
 
 class TuningLoop:
@@ -114,11 +113,6 @@ class TuningLoop:
     def measuring(self) -> bool:
         """Whether the current window is a baseline or trial measurement."""
         return self.phase in ("baseline", "trial")
-
-    @property
-    def started_at(self) -> float | None:
-        """``time.perf_counter()`` when the baseline window began (``None``: not yet)."""
-        return self._t_start
 
     @property
     def finished(self) -> bool:
@@ -179,6 +173,11 @@ class TuningLoop:
     def measuring_new(self) -> bool:
         """Whether the window under way runs a trial's new settings."""
         return self._trial is not None and self._trial.measuring == "new"
+
+    @property
+    def trial_windows(self) -> int:
+        """Windows the trial under way has measured so far, its first reference included."""
+        return 0 if self._trial is None else len(self._trial.windows)
 
     @property
     def trial_knob(self) -> str | None:
@@ -299,9 +298,7 @@ class TuningLoop:
                 tuning cut short by a budget.
         """
         self.stop_reason, self.phase = reason, "monitor"
-        if converged is None:
-            converged = reason.startswith(CONVERGED)
-        self.converged = converged
+        self.converged = reason.startswith(CONVERGED) if converged is None else converged
         self._close()
 
     def _close(self) -> None:
@@ -310,16 +307,19 @@ class TuningLoop:
             self._tuning_s = 0.0 if started is None else time.perf_counter() - started
             self._tuning_steps = max(0, self.steps - self.warmup_steps)
 
-    def end(self) -> KnobTrial | None:
+    def end(self, guard: Any = None) -> KnobTrial | None:
         """The fit ended: tuning time and steps are fixed even if tuning did not finish.
 
         Returns:
-            A trial the fit ended in the middle of, recorded as ``unfinished`` (not kept; the
-            caller puts its old settings back), or ``None``.
+            A trial the fit ended in the middle of, recorded as ``unfinished`` (``guarded``
+            when ``guard``, the check of its last steps, failed; not kept: the caller puts its
+            old settings back), or ``None``.
         """
         unfinished = None
         if self._trial is not None:
-            unfinished = self._finish("unfinished")
+            self._trial.guard = guard or self._trial.guard
+            failed = guard is not None and not guard.passed
+            unfinished = self._finish("guarded" if failed else "unfinished")
             self.stop_reason = "the fit ended during a trial"
         elif self.phase in ("warmup", "baseline") and self.window_steps is not None:
             need = self.warmup_steps + self.window_steps

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
@@ -86,3 +87,70 @@ def test_channels_last_converts_weights_and_batches_and_back() -> None:
     assert not batch[0].is_contiguous() and torch.equal(batch[1], torch.arange(2))
     knobs.set("channels_last", False)
     assert not knobs.current("channels_last") and "on_after_batch_transfer" not in vars(module)
+
+
+class _Pointwise(pl.LightningModule):
+    """A 1x1 and a single-input-channel convolution (contiguous in both layouts) and a 3x3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 3), torch.nn.Conv2d(8, 8, 3), torch.nn.Conv2d(8, 4, 1)
+        )
+
+
+def test_channels_last_is_read_from_strides_and_the_optimizer_state_follows() -> None:
+    module = _Pointwise()
+    optimizer = torch.optim.Adam(module.parameters())
+    module.net(torch.randn(2, 1, 8, 8)).sum().backward()
+    optimizer.step()
+    knobs, _ = _knobs(optimizer=optimizer)
+    knobs.trainer.lightning_module = module  # type: ignore[union-attr]
+    assert knobs.current("channels_last") is False
+
+    knobs.set("channels_last", True)
+    assert knobs.current("channels_last") is True
+    assert module.net[1].weight.is_contiguous(memory_format=torch.channels_last)
+    for p in module.parameters():  # fused kernels pair weights and moments by memory offset
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert optimizer.state[p][key].stride() == p.stride(), (key, p.shape)
+    knobs.set("channels_last", False)
+    assert knobs.current("channels_last") is False
+    assert all(p.is_contiguous() for p in module.parameters())
+    assert optimizer.state[module.net[1].weight]["exp_avg"].is_contiguous()
+
+
+def test_precision_is_not_offered_while_gradients_accumulate() -> None:
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    knobs, trainer = _knobs()
+    trainer.strategy = SingleDeviceStrategy(device=torch.device("cpu"))
+    trainer.accumulate_grad_batches, trainer.gradient_clip_val = 1, None
+    assert knobs.offer("precision")[1] == "bf16-mixed"  # type: ignore[index]
+    trainer.accumulate_grad_batches = 4
+    assert knobs.offer("precision") == "gradients accumulate over several batches"
+
+
+def test_the_guard_restores_the_optimizer_state_in_place_and_keeps_the_schedule() -> None:
+    from lightning_maxtp.callbacks.guard import NumericsGuard
+
+    _, trainer = _knobs()
+    module, optimizer = trainer.lightning_module, trainer.optimizers[0]
+    _step(module, optimizer)
+    trainer.global_step = 1
+    guard = NumericsGuard()
+    guard.snapshot(trainer)  # type: ignore[arg-type]
+    params = {k: v.clone() for k, v in module.state_dict().items()}
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in module.parameters()]
+    group = optimizer.param_groups[0]
+    for _ in range(3):
+        _step(module, optimizer)
+    group["lr"] = 5e-4  # the schedule moved on meanwhile
+
+    assert guard.restore(trainer)  # type: ignore[arg-type]
+    assert all(torch.equal(v, params[k]) for k, v in module.state_dict().items())
+    restored = [optimizer.state[p]["exp_avg"] for p in module.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(restored, moments, strict=True))
+    assert optimizer.param_groups[0] is group and group["lr"] == 5e-4
+    assert all(p.grad is None for p in module.parameters())
+    assert guard.restore(trainer)  # type: ignore[arg-type]  # the snapshot serves again

@@ -54,10 +54,10 @@ def _fit(model: ConvModel, steps: int, **kwargs: Any) -> tuple[MaxThroughputCall
 
 
 def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored() -> None:
-    model = ConvModel(nan_under_autocast=True)
+    model = ConvModel(nan_under_autocast=True, step_sleep_s=0.005)
     callback, history = _fit(model, 60, allow=("precision",))
 
-    (trial,) = callback.trials
+    trial = next(t for t in callback.trials if t.knob == "precision")
     assert (trial.knob, trial.old, trial.new) == ("precision", "32-true", "bf16-mixed")
     assert trial.verdict == "guarded" and not trial.kept, str(trial)
     assert trial.guard is not None and trial.guard.non_finite > 0
@@ -83,11 +83,12 @@ def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored(
 
 
 def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> None:
-    model = ConvModel(slow_channels_last=True)
+    model = ConvModel(slow_channels_last=True, step_sleep_s=0.005)
     callback, _ = _fit(model, 60, allow=("channels_last",))
 
-    (trial,) = callback.trials
-    assert (trial.knob, trial.new, trial.verdict) == ("channels_last", True, "reverted"), str(trial)
+    trial = next(t for t in callback.trials if t.knob == "channels_last")
+    # Not kept either way (a loaded machine may leave it "undecided": the original stays).
+    assert trial.new is True and trial.verdict in ("reverted", "undecided"), str(trial)
     assert trial.guard is not None and trial.guard.passed
     # During the trial the weights and the batches were NHWC; after it neither is.
     assert any(model.input_channels_last) and not model.input_channels_last[-1]
@@ -98,7 +99,8 @@ def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> Non
 
 def test_a_kept_precision_stays_watched_and_is_undone_when_it_breaks() -> None:
     # fp32 sleeps, so bf16 pays for sure; from step 70 on autocast gives NaN losses.
-    model = ConvModel(slow_fp32=True, nan_under_autocast=True, nan_from_step=70)
+    model = ConvModel(slow_fp32=True, nan_under_autocast=True, nan_from_step=70,
+                      step_sleep_s=0.005)  # fmt: skip
     callback, _ = _fit(model, 120, allow=("precision",), monitor_window_steps=10)
 
     trial = callback.trials[0]  # a loader knob may follow: bf16 makes the step wait on data
@@ -112,23 +114,49 @@ def test_a_kept_precision_stays_watched_and_is_undone_when_it_breaks() -> None:
     assert str(callback.tuner.math.trainer.precision) == "32-true"  # type: ignore[union-attr]
 
 
-def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept() -> None:
-    model = ConvModel()
-    callback, _ = _fit(model, 60, allow=("compile",))
+_COMPILE_SCRIPT = """
+import sys, json, math
+sys.path.insert(0, {root!r})
+import lightning.pytorch as pl
+from lightning_maxtp.callbacks import MaxThroughputCallback
+from tests.helpers.models import ConvModel, image_loader
 
-    (trial,) = callback.trials
-    assert trial.knob == "compile" and trial.verdict in ("kept", "reverted", "undecided")
-    compiled = [m for m in model.children() if getattr(m, "_compiled_call_impl", None)]
-    assert bool(compiled) == trial.kept
-    cost = callback.tuning.cost
-    assert cost is not None and cost.switch_s > 0.2, cost  # compiling: in no window, yet counted
-    assert "switching math knobs (compiling)" in str(cost)
-    assert all(math.isfinite(x) for x in model.losses)
+pl.seed_everything(0, verbose=False)
+cb = MaxThroughputCallback(warmup_steps=2, window_steps=8, tune_loader=False, max_trials=4,
+                           verbose=False, sampler_interval_s=None, cost_share=None,
+                           allow=("compile",))
+model = ConvModel()
+trainer = pl.Trainer(accelerator="cpu", max_steps=60, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+trainer.fit(model, image_loader())
+compiled = [m for m in model.children() if getattr(m, "_compiled_call_impl", None)]
+out = {{"trials": [(t.knob, t.verdict, t.kept) for t in cb.trials], "compiled": bool(compiled),
+        "switch_s": cb.tuning.cost.switch_s, "cost": str(cb.tuning.cost),
+        "finite": all(math.isfinite(x) for x in model.losses)}}
+print(json.dumps(out))
+"""
+
+
+def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept(
+    tmp_path: Path,
+) -> None:
+    # In its own process: inductor keeps a compile thread pool for the process's lifetime.
+    script = tmp_path / "compile_fit.py"
+    script.write_text(textwrap.dedent(_COMPILE_SCRIPT.format(root=str(ROOT))))
+    done = subprocess.run([sys.executable, str(script)], check=True, timeout=300, cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    ((knob, verdict, kept),) = out["trials"]
+    assert knob == "compile" and verdict in ("kept", "reverted", "undecided")
+    assert out["compiled"] == kept
+    assert out["switch_s"] > 0.2, out  # compiling: in no window, yet counted
+    assert "switching math knobs (compiling)" in out["cost"]
+    assert out["finite"]
 
 
 def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back() -> None:
     matmul = torch.get_float32_matmul_precision()
-    callback, _ = _fit(ConvModel(), 40)
+    callback, _ = _fit(ConvModel(step_sleep_s=0.005), 40)
 
     assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
     assert any(n.startswith("not allowed: precision, channels_last") for n in callback.tuning.notes)
@@ -146,7 +174,7 @@ pl.seed_everything(0, verbose=False)
 cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=4,
                            verbose=False, sampler_interval_s=None, cost_share=None,
                            allow=("precision", "channels_last", "fused_optimizer"))
-model = ConvModel(nan_under_autocast=True)
+model = ConvModel(nan_under_autocast=True, step_sleep_s=0.005)
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=50, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, callbacks=[cb])
@@ -167,13 +195,13 @@ def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
     # The NaN under autocast fails the guard on both ranks alike; both restore the same state.
-    assert ranks[0]["trials"][0] == ["precision", "bf16-mixed", "guarded"]
+    assert ["precision", "bf16-mixed", "guarded"] in ranks[0]["trials"]
     assert ranks[0]["settings"] == ranks[1]["settings"]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and math.isfinite(ranks[0]["checksum"])
 
 
 def test_a_kept_math_knob_is_carried_into_the_next_fit_of_the_same_callback() -> None:
-    model = ConvModel(slow_fp32=True)
+    model = ConvModel(slow_fp32=True, step_sleep_s=0.005)
     callback, _ = _fit(model, 60, allow=("precision",), max_trials=1)
     assert callback.trials[0].kept, str(callback.trials[0])
     assert callback.state_dict()["settings"]["precision"] == "bf16-mixed"

@@ -58,9 +58,11 @@ class ConvModel(pl.LightningModule):
         nan_under_autocast: Losses turn NaN when the step runs under autocast (a model whose
             numbers break in low precision) ...
         nan_from_step: ... from this training step on.
-        slow_channels_last: Each step sleeps 20 ms while the weights are channels_last (a
+        slow_channels_last: Each step sleeps 60 ms while the weights are channels_last (a
             layout slower here, whatever the machine's load).
-        slow_fp32: Each step sleeps 20 ms outside autocast (mixed precision pays for sure).
+        slow_fp32: Each step sleeps 60 ms outside autocast (mixed precision pays for sure).
+        step_sleep_s: Every step sleeps this long: the step, not the loader, sets the pace
+            even on a loaded machine (a data-bound reading would send the loop to the loader).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class ConvModel(pl.LightningModule):
         nan_from_step: int = 0,
         slow_channels_last: bool = False,
         slow_fp32: bool = False,
+        step_sleep_s: float = 0.0,
     ) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
@@ -78,6 +81,7 @@ class ConvModel(pl.LightningModule):
         )  # fmt: skip
         self.nan_under_autocast, self.nan_from_step = nan_under_autocast, nan_from_step
         self.slow_channels_last, self.slow_fp32 = slow_channels_last, slow_fp32
+        self.step_sleep_s = step_sleep_s
         self.losses: list[float] = []
         self.input_channels_last: list[bool] = []
 
@@ -94,7 +98,8 @@ class ConvModel(pl.LightningModule):
             loss = loss * float("nan")
         slow_layout = self.slow_channels_last and not self.net[0].weight.is_contiguous()
         if slow_layout or (self.slow_fp32 and not autocast):
-            time.sleep(0.02)
+            time.sleep(0.06)  # far beyond what another job's load moves a step
+        time.sleep(self.step_sleep_s)
         self.losses.append(float(loss.detach()))
         return loss
 
