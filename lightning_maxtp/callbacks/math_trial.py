@@ -116,6 +116,8 @@ def closing_check(tuner: Tuner) -> GuardCheck | None:
 def start(tuner: Tuner, trainer: pl.Trainer, knob: str) -> None:
     """Before a trial: snapshot the state for a guarded knob, and note where the switch began."""
     tuner.switch_from = len(tuner.monitor.clock.step_log)
+    if knob == "compile":  # the budget grew with what earlier changes earned: no longer true
+        tuner.notes[:] = [n for n in tuner.notes if not n.startswith("compile not tried: less")]
     if knob in GUARDED and tuner.guard.enabled:
         tuner.guard.snapshot(trainer)
 

@@ -81,3 +81,17 @@ def test_the_guard_fails_non_finite_losses_and_a_loss_out_of_the_band() -> None:
     assert "median loss 3 vs 2.3" in str(risen)
     # Without a reference only finiteness is checked.
     assert loss_band([], [9.0, 9.5]).passed
+
+
+def test_a_compile_skipped_for_budget_is_no_longer_noted_once_it_is_tried() -> None:
+    from types import SimpleNamespace
+
+    from lightning_maxtp.callbacks import math_trial
+
+    note = "compile not tried: less tuning budget left than a compile takes (30 s)"
+    tuner = SimpleNamespace(
+        notes=[note, "other"], monitor=SimpleNamespace(clock=SimpleNamespace(step_log=[1, 2])),
+        guard=SimpleNamespace(enabled=False),
+    )  # fmt: skip
+    math_trial.start(tuner, None, "compile")  # type: ignore[arg-type]
+    assert tuner.notes == ["other"] and tuner.switch_from == 2
