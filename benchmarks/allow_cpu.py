@@ -21,14 +21,13 @@ Usage: ``python -m benchmarks.allow_cpu [--smoke] [--rounds N] [--out FILE] [--t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import git_state
+from benchmarks.runner import emit, git_state
 from lightning_maxtp.resources import inspect_resources
 
 JOBS = {"long": 800, "short": 80}
@@ -146,19 +145,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      f"{med['all']:>7.1f} {res['wall_ratio']['all']:>12.2f} "
                      f"{res['rate_ratio']['all']:>12.2f}  {', '.join(kept) or '-'}")  # fmt: skip
     table = "\n".join(lines)
-    print(table)
     record = {
         "benchmark": "allow_cpu", "smoke": args.smoke, "git_commit": commit, "git_dirty": dirty,
         "rounds": rounds, "wall_ratios": {n: r["wall_ratio"] for n, r in results.items()},
         "rate_ratios": {n: r["rate_ratio"] for n, r in results.items()}, "jobs": results,
         "machine": inspect_resources().to_dict(),
     }  # fmt: skip
-    line = json.dumps(record)
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    if args.table:
-        args.table.write_text(table + "\n")
+    emit(table, record, json_out=args.out, table_out=args.table)
     return record
 
 

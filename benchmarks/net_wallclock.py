@@ -20,14 +20,13 @@ Usage: ``python -m benchmarks.net_wallclock [--smoke] [--rounds N] [--out FILE] 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import git_state
+from benchmarks.runner import emit, git_state
 from lightning_maxtp.resources import inspect_resources
 
 JOBS = {
@@ -104,19 +103,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lines.append(f"{name:<18} {res['steps']:>5} {med['defaults']:>10.1f} "
                      f"{med['callback']:>10.1f} {res['ratio']:>6.2f}")  # fmt: skip
     table = "\n".join(lines)
-    print(table)
     record = {
         "benchmark": "net_wallclock", "smoke": args.smoke, "git_commit": commit,
         "git_dirty": dirty, "latency_ms": args.latency_ms, "rounds": rounds,
         "ratios": {n: r["ratio"] for n, r in results.items()}, "jobs": results,
         "machine": inspect_resources().to_dict(),
     }  # fmt: skip
-    line = json.dumps(record)
-    print(line)
-    if args.out:
-        args.out.write_text(line + "\n")
-    if args.table:
-        args.table.write_text(table + "\n")
+    emit(table, record, json_out=args.out, table_out=args.table)
     return record
 
 

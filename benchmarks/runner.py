@@ -248,8 +248,29 @@ def report(
         json_out: Also write the JSON line to this file.
         table_out: Also write the table to this file.
     """
+    emit(format_table(result), result.to_dict(), stream=stream, json_out=json_out,
+         table_out=table_out)  # fmt: skip
+
+
+def emit(
+    table: str,
+    record: dict[str, Any],
+    *,
+    stream: TextIO | None = None,
+    json_out: Path | None = None,
+    table_out: Path | None = None,
+) -> None:
+    """Print ``table``, then ``record`` as ONE JSON line (the last line printed); keep both.
+
+    Args:
+        table: The human-readable table.
+        record: The JSON-safe result.
+        stream: Where to print (default ``sys.stdout``).
+        json_out: Also write the JSON line to this file.
+        table_out: Also write the table to this file.
+    """
     stream = stream or sys.stdout
-    table, line = format_table(result), json.dumps(result.to_dict())
+    line = json.dumps(record)
     for path, text in ((json_out, line), (table_out, table)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
