@@ -43,7 +43,7 @@ longer): with less tuning budget left, compile is not tried, it could not pay ba
 
 COMPILE_SETTLE_STEPS = 2
 """Steps after switching to compiled kernels before a window starts: the first compiles the
-forward and backward graphs, the second may recompile for a guard that failed."""
+forward and backward graphs, the second may recompile (a dynamo guard on, e.g., a shape)."""
 
 
 def math_change(tuner: Tuner, kind: str) -> Change | None:
