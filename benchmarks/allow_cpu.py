@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import emit, git_state
+from benchmarks.runner import emit, git_state, tuning_account
 from lightning_maxtp.resources import inspect_resources
 
 JOBS = {"long": 800, "short": 80}
@@ -94,13 +94,7 @@ def fit_once(steps: int, config: str) -> dict[str, Any]:
     assert timer.start is not None and timer.stop is not None
     out["tail_samples_per_s"] = timer.samples / (timer.stop - timer.start)
     if cb is not None:
-        tuning = cb.tuning
-        out["callback"] = {
-            "settings": {k: str(v) for k, v in tuning.settings.items()},
-            "stop_reason": tuning.stop_reason, "trials": [str(t) for t in tuning.trials],
-            "kept": [t.knob for t in tuning.trials if t.kept], "notes": list(tuning.notes),
-            "cost": None if tuning.cost is None else tuning.cost.to_dict(),
-        }  # fmt: skip
+        out["callback"] = tuning_account(cb.tuning)
     return out
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import emit, git_state
+from benchmarks.runner import emit, git_state, tuning_account
 from lightning_maxtp.resources import inspect_resources
 
 JOBS = {
@@ -59,12 +59,7 @@ def fit_once(steps: int, workers: int, latency_s: float, callback: bool) -> dict
     trainer.fit(TinyMLP(), loader)
     out: dict[str, Any] = {"seconds": time.perf_counter() - start}
     if cb is not None:
-        tuning = cb.tuning
-        out["callback"] = {
-            "settings": tuning.settings, "stop_reason": tuning.stop_reason,
-            "trials": [str(t) for t in tuning.trials],
-            "cost": None if tuning.cost is None else tuning.cost.to_dict(),
-        }  # fmt: skip
+        out["callback"] = tuning_account(cb.tuning)
     return out
 
 

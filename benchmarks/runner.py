@@ -252,6 +252,20 @@ def report(
          table_out=table_out)  # fmt: skip
 
 
+def tuning_account(tuning: Any) -> dict[str, Any]:
+    """What a ``MaxThroughputCallback`` did in one fit, JSON-safe, for a benchmark's record.
+
+    Args:
+        tuning: The callback's ``TuningSummary`` (``callback.tuning``).
+    """
+    return {
+        "settings": {k: str(v) for k, v in tuning.settings.items()},
+        "stop_reason": tuning.stop_reason, "trials": [str(t) for t in tuning.trials],
+        "kept": [t.knob for t in tuning.trials if t.kept], "notes": list(tuning.notes),
+        "cost": None if tuning.cost is None else tuning.cost.to_dict(),
+    }  # fmt: skip
+
+
 def emit(
     table: str,
     record: dict[str, Any],

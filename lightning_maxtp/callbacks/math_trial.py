@@ -54,11 +54,12 @@ def math_change(tuner: Tuner, kind: str) -> Change | None:
     if missing and tuner.config.allow != "all":
         tuner.note(f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
                    "allow='all' tries each behind a numerics guard)")  # fmt: skip
+    cost = tuner.summary.cost
+    left = cost.left_s if cost is not None else math.inf
     for knob in math_knobs_for(kind, allowed):
         if knob == "batch_size":  # chosen before the fit (``find_batch_size``)
             continue
         offer = tuner.math.offer(knob)
-        left = tuner.summary.cost.left_s if tuner.summary.cost is not None else math.inf
         if knob == "compile" and isinstance(offer, tuple) and left < COMPILE_COST_S:
             offer = f"less tuning budget left than a compile takes ({COMPILE_COST_S:.0f} s)"
         if isinstance(offer, str):

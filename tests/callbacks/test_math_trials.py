@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +17,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
 from tests.helpers.models import ConvModel, image_loader
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import rank_outputs, run_script
 
 
 class History(Callback):
@@ -141,11 +137,8 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
     tmp_path: Path,
 ) -> None:
     # In its own process: inductor keeps a compile thread pool for the process's lifetime.
-    script = tmp_path / "compile_fit.py"
-    script.write_text(textwrap.dedent(_COMPILE_SCRIPT.format(root=str(ROOT))))
-    done = subprocess.run([sys.executable, str(script)], check=True, timeout=300, cwd=tmp_path,
-                          capture_output=True, text=True)  # fmt: skip
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = run_script(_COMPILE_SCRIPT, tmp_path, timeout=300)
+    out = json.loads(printed.strip().splitlines()[-1])
     ((knob, verdict, kept),) = out["trials"]
     assert knob == "compile" and verdict in ("kept", "reverted", "undecided")
     assert out["compiled"] == kept
@@ -188,11 +181,7 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 
 
 def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
-    script = tmp_path / "ddp_math.py"
-    script.write_text(textwrap.dedent(_DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path))))
-    subprocess.run([sys.executable, str(script)], check=True, timeout=240, cwd=tmp_path,
-                   capture_output=True)  # fmt: skip
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = rank_outputs(_DDP_SCRIPT, tmp_path, timeout=240)
     assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
     # The NaN under autocast fails the guard on both ranks alike; both restore the same state.
     assert ["precision", "bf16-mixed", "guarded"] in ranks[0]["trials"]

@@ -11,7 +11,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,7 @@ from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.resources import inspect_resources
 from tests.helpers.loader_data import SleepDataset
 from tests.helpers.models import IdModel, MatmulModel
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import rank_outputs
 
 
 class SleepData(pl.LightningDataModule):
@@ -260,11 +258,7 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 
 
 def test_ddp_ranks_apply_the_same_decisions(tmp_path: Path) -> None:
-    script = tmp_path / "ddp_fit.py"
-    script.write_text(textwrap.dedent(_DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path))))
-    subprocess.run([sys.executable, str(script)], check=True, timeout=180, cwd=tmp_path,
-                   capture_output=True)  # fmt: skip
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = rank_outputs(_DDP_SCRIPT, tmp_path, timeout=180)
     assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
     assert ranks[0]["settings"] == ranks[1]["settings"]
     assert ranks[0]["trials"][0][:1] == ["num_workers"]
