@@ -22,8 +22,9 @@ LAYERS = {
     "resources": 1,
     "observe": 2,
     "loader": 3, "batch_size": 3, "strategy": 3, "pack": 3, "inference": 3,
-    "callbacks": 4,
-    "__init__": 5, "cli": 5, "_register": 5,
+    "data": 4,
+    "callbacks": 5,
+    "__init__": 6, "cli": 6, "_register": 6,
 }  # fmt: skip
 SUBPACKAGES = sorted(k for k in LAYERS if (PACKAGE / k).is_dir())
 MAX_MODULE_LINES = 360

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
@@ -85,3 +87,35 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
     except Exception as err:  # the probe is advisory; the measurements stand without it
         log.warning("maxtp: resource probe failed, no CPU budget in recommendations: %r", err)
     return JobContext(**ctx)
+
+
+_OBSERVE = "lightning_maxtp.observe_batch"
+_OBSERVE_ORDER = -100
+"""Before every other added step: the batch as the loader delivered it."""
+
+
+def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) -> Callable[[], None]:
+    """Call ``seen`` once with the bytes per sample and pixel dtype of the first train batch.
+
+    The batch is read in ``on_before_batch_transfer``, before any device-side step (decode,
+    normalize) changes it, so the facts describe what crossed from the workers. Returns the
+    function that takes the observer away (it also goes by itself after the first batch).
+    """
+    from lightning_maxtp.data.hooks import add_batch_step, hook_owner, remove_batch_step
+    from lightning_maxtp.loader.sample_cost import batch_facts
+
+    hook = "on_before_batch_transfer"
+    owner = hook_owner(trainer, hook)
+
+    def observe(batch: Any) -> Any:
+        remove_batch_step(owner, hook, _OBSERVE)
+        if trainer.training:
+            samples, nbytes, dtype = batch_facts(batch)
+            seen(DataFacts(sample_bytes=nbytes // max(samples, 1), pixel_dtype=dtype))
+        return batch
+
+    def unwatch() -> None:
+        remove_batch_step(owner, hook, _OBSERVE)
+
+    add_batch_step(owner, hook, _OBSERVE, observe, _OBSERVE_ORDER)
+    return unwatch

@@ -6,7 +6,8 @@ sets either value at once (``set``): the next step runs with it.
 - ``precision``: the strategy's precision plugin swapped for ``MixedPrecision`` (``bf16-mixed``
   where the device has bf16, ``16-mixed`` with a grad scaler otherwise; bf16 autocast on a CPU).
 - ``channels_last``: the module's 4-D weights, and the 4-D float tensors of every batch after
-  its transfer to the device (the module's ``on_after_batch_transfer``, wrapped).
+  its transfer to the device (a step added to ``on_after_batch_transfer``, the DataModule's
+  when it overrides the hook, else the module's).
 - ``tf32``: ``torch.set_float32_matmul_precision("high")`` and cuDNN's TF32 flag (CUDA).
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark`` (CUDA).
 - ``compile``: ``torch.compile`` in place on the LightningModule's submodules; the compiled
@@ -35,6 +36,7 @@ from lightning_maxtp.callbacks.math_state import (
     steps_to,
     to_channels_last,
 )
+from lightning_maxtp.data.hooks import add_batch_step, hook_owner, remove_batch_step
 
 __all__ = ["CUDA_ONLY", "MathKnobs"]
 
@@ -42,6 +44,11 @@ CUDA_ONLY = ("tf32", "cudnn_benchmark")
 """Knobs without an effect off CUDA."""
 
 log = logging.getLogger(__name__)
+
+_HOOK = "on_after_batch_transfer"
+_CHANNELS_LAST = "lightning_maxtp.channels_last"
+CHANNELS_LAST_ORDER = 100
+"""After ``DeviceTransform``'s step (order 0), which turns uint8 batches into floats."""
 
 
 class MathKnobs:
@@ -225,15 +232,11 @@ class MathKnobs:
         assert self.trainer is not None
         for optimizer in self.trainer.optimizers:
             state_layout(optimizer)
-        if value and "on_after_batch_transfer" not in vars(module):
-            original = module.on_after_batch_transfer
-
-            def on_after_batch_transfer(batch: Any, dataloader_idx: int) -> Any:
-                return to_channels_last(original(batch, dataloader_idx))
-
-            module.on_after_batch_transfer = on_after_batch_transfer  # type: ignore[method-assign]
-        elif not value and "on_after_batch_transfer" in vars(module):
-            del module.on_after_batch_transfer
+        owner = hook_owner(self.trainer, _HOOK)
+        if value:  # after the device transform's step: it makes the floats converted here
+            add_batch_step(owner, _HOOK, _CHANNELS_LAST, to_channels_last, CHANNELS_LAST_ORDER)
+        else:
+            remove_batch_step(owner, _HOOK, _CHANNELS_LAST)
 
     def _set_tf32(self, value: bool) -> None:
         import torch
@@ -285,9 +288,8 @@ class MathKnobs:
         if "benchmark" in self._globals:
             torch.backends.cudnn.benchmark = self._globals["benchmark"]
         self._globals.clear()
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        if module is not None and "on_after_batch_transfer" in vars(module):
-            del module.on_after_batch_transfer  # the weights stay channels_last
+        if self.trainer is not None:  # the weights stay channels_last, the batches no longer
+            remove_batch_step(hook_owner(self.trainer, _HOOK), _HOOK, _CHANNELS_LAST)
 
 
 _REASONS = {

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_maxtp.callbacks.context import job_context
+from lightning_maxtp.callbacks.context import job_context, watch_first_batch
 from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
 from lightning_maxtp.observe import sampler as _sampler
+from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import Window
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class StepClock(Callback):
         self._step = 0
         self._t0 = time.perf_counter()
         self._cuda = False
+        self._unwatch: Callable[[], None] = lambda: None
 
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
@@ -116,6 +118,7 @@ class StepClock(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.context = job_context(trainer)
+        self._unwatch = watch_first_batch(trainer, self._data_facts)
         sources: list[_sampler.Source | None] = [
             _sampler.try_source(
                 lambda: _sampler.ProcessCpuSource(exclude=_launched_ranks(trainer))
@@ -238,10 +241,19 @@ class StepClock(Callback):
         """Windows closed from now on carry these settings (a knob changed mid-fit)."""
         self.context = dataclasses.replace(self.context, **changes)
 
+    def _data_facts(self, facts: DataFacts) -> None:
+        """The first batch's bytes per sample and pixel dtype, kept with what else was measured."""
+        old = self.context.data_facts
+        if old is not None:
+            facts = dataclasses.replace(old, sample_bytes=facts.sample_bytes,
+                                        pixel_dtype=facts.pixel_dtype)  # fmt: skip
+        self.update_context(data_facts=facts)
+
     def stop(self) -> None:
-        """Stop the sampler thread (idempotent)."""
+        """Stop the sampler thread and the first-batch observer (idempotent)."""
         if self.sampler is not None:
             self.sampler.stop()
+        self._unwatch()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

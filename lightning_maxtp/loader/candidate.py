@@ -55,6 +55,8 @@ class LoaderCandidate:
             serial with the training step, so it counts against the consumption rate.
         worker_memory_bytes: Memory of the largest worker (USS: what it holds alone), if any.
         batch_bytes: Bytes of tensors in one batch (what sits in ``/dev/shm`` per batch).
+        sample_bytes: ``batch_bytes`` per sample.
+        pixel_dtype: Dtype of the batch's largest 4-D tensor (``None``: no 4-D tensor).
         expected_rate: Samples/s training can reach with this setting,
             ``min(loader, 1 / (main thread + 1 / consumption))``. Without a consumption rate:
             the loader's rate with workers, and with 0 workers the same formula for a device
@@ -75,6 +77,8 @@ class LoaderCandidate:
     main_thread_s_per_sample: float
     worker_memory_bytes: int | None = None
     batch_bytes: int | None = None
+    sample_bytes: int | None = None
+    pixel_dtype: str | None = None
     expected_rate: float = 0.0
     note: str = ""
     cpu_share: float | None = None

@@ -16,6 +16,7 @@ from lightning_maxtp.observe.thresholds import MIN_GAIN
 
 if TYPE_CHECKING:
     from lightning_maxtp.loader.budget import LoaderBudget
+    from lightning_maxtp.observe.data_path import DataPathAdvice
 
 __all__ = ["Explanation", "explain"]
 
@@ -169,8 +170,13 @@ def explain(
     budget: LoaderBudget,
     consumption_rate: float | None,
     persistent_why: str,
+    data_path: DataPathAdvice | None = None,
 ) -> Explanation:
-    """The reason, shortfall and recommendations for a search result."""
+    """The reason, shortfall and recommendations for a search result.
+
+    ``data_path`` (measured when the loader falls short) replaces the generic pre-encoding and
+    GPU-decode advice with the path that fits and its numbers.
+    """
     chosen = result.chosen
     if chosen is None:
         slowest = max((c.startup_s for c in result.candidates), default=0.0)
@@ -216,7 +222,8 @@ def explain(
                     f"num_workers: more than {budget.max_workers} {helps}, but the cap is "
                     f"{_cap_detail(budget)}; give each device process more of it"
                 )
-            recommendations += [PRE_ENCODE, GPU_DECODE, CHEAPER]
+            generic = [PRE_ENCODE, GPU_DECODE]
+            recommendations += [*(data_path.lines() if data_path else generic), CHEAPER]
         else:
             reason += (
                 f". The loader keeps up with the consumption rate ({rate_text(consumption_rate)} "

@@ -24,15 +24,14 @@ import psutil
 
 from lightning_maxtp.loader.candidate import LoaderCandidate
 from lightning_maxtp.loader.order import preserved_rng
+from lightning_maxtp.loader.sample_cost import batch_facts
 from lightning_maxtp.loader.worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
 from lightning_maxtp.resources.schedstat import SchedClock
 
 if TYPE_CHECKING:
-    import torch
     from torch.utils.data import DataLoader
 
 __all__ = [
-    "batch_stats",
     "candidate_loader",
     "measure_candidate",
     "start_method",
@@ -85,24 +84,6 @@ def candidate_loader(
     else:
         kwargs.update(batch_size=None, sampler=loader.sampler)
     return DataLoader(loader.dataset, **kwargs)
-
-
-def batch_stats(batch: Any) -> tuple[int, int]:
-    """``(samples, tensor bytes)`` of a batch: samples from the first tensor's first dimension."""
-    import torch
-
-    tensors: list[torch.Tensor] = []
-    stack = [batch]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            tensors.append(item)
-        elif isinstance(item, Mapping):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, list | tuple):
-            stack.extend(reversed(item))
-    samples = int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else 1
-    return samples, sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _count_samples(batch: Any, default: int) -> int:
@@ -208,7 +189,7 @@ def _measure(
                 "`loader` yielded no batch; pass a DataLoader with at least one batch"
             ) from None
         startup_s = time.perf_counter() - start
-        per_batch, batch_bytes = batch_stats(first)
+        per_batch, batch_bytes, pixel_dtype = batch_facts(first)
         del first
         warm_left = max(1, 2 * num_workers)
         # Three bursts at least: the steady window runs between fetches that waited.
@@ -265,6 +246,8 @@ def _measure(
         main_thread_s_per_sample=main_s / samples if samples else 0.0,
         worker_memory_bytes=worker_memory,
         batch_bytes=batch_bytes,
+        sample_bytes=batch_bytes // max(per_batch, 1),
+        pixel_dtype=pixel_dtype,
         expected_rate=rate,
         cpu_share=busy,
     )

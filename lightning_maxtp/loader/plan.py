@@ -14,6 +14,7 @@ from typing import Any
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.loader.budget import LoaderBudget
 from lightning_maxtp.loader.candidate import LOADER_KNOBS, TARGET_MARGIN, LoaderCandidate, rate_text
+from lightning_maxtp.observe.data_path import DataPathAdvice
 
 __all__ = ["LoaderPlan"]
 
@@ -44,6 +45,9 @@ class LoaderPlan:
         before: The loader's own settings.
         elapsed_s: Wall time of the tuning.
         notes: Caveats about this loader.
+        data_path: When the loader falls short, the data path that fits (uint8 to the device,
+            GPU decode, pre-encoding) with the numbers behind it; its lines lead the
+            recommendations.
     """
 
     num_workers: int
@@ -64,6 +68,7 @@ class LoaderPlan:
     before: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     notes: tuple[str, ...] = ()
+    data_path: DataPathAdvice | None = None
 
     @property
     def target_rate(self) -> float | None:
@@ -84,7 +89,8 @@ class LoaderPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("budget", "candidates")}
+        skip = ("budget", "candidates", "data_path")
+        data = {k: v for k, v in asdict(self).items() if k not in skip}
         return {
             **data,
             "target_rate": self.target_rate,
@@ -93,6 +99,7 @@ class LoaderPlan:
             "notes": list(self.notes),
             "budget": self.budget.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
+            "data_path": None if self.data_path is None else self.data_path.to_dict(),
         }
 
     def __str__(self) -> str:

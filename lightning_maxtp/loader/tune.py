@@ -21,6 +21,8 @@ from lightning_maxtp.loader.plan import LoaderPlan
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from lightning_maxtp.loader.candidate import SearchResult
+    from lightning_maxtp.observe.data_path import DataPathAdvice
     from lightning_maxtp.resources.probe import Resources
 
 __all__ = ["tune_dataloader"]
@@ -49,6 +51,41 @@ def _validate(
         )
     if memory_budget_bytes is not None and memory_budget_bytes < 0:
         raise ValueError(f"`memory_budget_bytes` must be >= 0 or None, got {memory_budget_bytes}")
+
+
+def _batches(loader: DataLoader[Any]) -> int | None:
+    """Batches per epoch (``None`` for a loader without a length)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _data_path(
+    loader: DataLoader[Any], result: SearchResult, consumption_rate: float | None, cuda: bool
+) -> DataPathAdvice | None:
+    """The data path that fits when even the fastest setting is short of ``consumption_rate``."""
+    from lightning_maxtp.loader.sample_cost import measure_sample_costs
+    from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
+
+    eligible = [c for c in result.candidates if c.complete and not c.note]
+    if consumption_rate is None or result.target_met or not eligible:
+        return None
+    fastest = max(eligible, key=lambda c: c.samples_per_s)
+    if fastest.samples_per_s >= consumption_rate:
+        return None
+    costs = measure_sample_costs(loader.dataset)
+    facts = DataFacts(
+        sample_bytes=fastest.sample_bytes,
+        pixel_dtype=fastest.pixel_dtype,
+        per_sample_s=costs.per_sample_s if costs else None,
+        decode_s=costs.decode_s if costs else None,
+        files=costs.files if costs else None,
+    )
+    return advise_data_path(
+        facts, device_rate=consumption_rate, loader_rate=fastest.samples_per_s,
+        device_type="cuda" if cuda else "cpu",
+    )  # fmt: skip
 
 
 def tune_dataloader(
@@ -160,21 +197,19 @@ def tune_dataloader(
             if max_workers is not None and loader.num_workers > max_workers
             else (loader.num_workers, loader.prefetch_factor if loader.num_workers else None),
         )
+        # Inside the preserved random state: timing samples runs the dataset's transforms.
+        data_path = _data_path(loader, result, consumption_rate, bool(pin_memory))
     budget = budget_from(result, limits, time_budget_s)
     chosen = result.chosen
-    try:
-        batches: int | None = len(loader)
-    except TypeError:
-        batches = None
     persistent, persistent_why = persistence(
-        chosen, batches, method, keeps_order=keeps_order_when_persistent(loader)
+        chosen, _batches(loader), method, keeps_order=keeps_order_when_persistent(loader)
     )
     if result.own_kept or (
         chosen is not None and chosen.key() == (loader.num_workers, loader.prefetch_factor or 0)
     ):
         # The loader's own workers stay as they are, persistence included.
         persistent, persistent_why = loader.persistent_workers, ""
-    text = explain(result, budget, consumption_rate, persistent_why)
+    text = explain(result, budget, consumption_rate, persistent_why, data_path)
     workers = chosen.num_workers if chosen is not None else loader.num_workers
     notes = []
     if isinstance(loader.dataset, IterableDataset) and workers != loader.num_workers:
@@ -205,4 +240,5 @@ def tune_dataloader(
         before={k: getattr(loader, k) for k in LOADER_KNOBS},
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
+        data_path=data_path,
     )

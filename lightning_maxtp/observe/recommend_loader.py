@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from lightning_maxtp.observe import thresholds as th
+from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
 from lightning_maxtp.observe.recommend import Recommendation, main_threads, workers_of
 from lightning_maxtp.observe.window import JobContext, Window
 
@@ -110,17 +111,24 @@ def data_pipeline(window: Window) -> list[Recommendation]:
     if threads is not None:
         recs.append(threads)
     if budget is not None and need > budget and ctx.dataset != "TensorDataset":
-        gpu = " or GPU decode (nvjpeg/DALI)" if ctx.device_type == "cuda" else ""
-        recs.append(
-            Recommendation(
-                "decode",
-                "CPU in workers",
-                f"pre-encoded tensors{gpu}",
-                f"needs ~{need} workers, CPU budget allows {budget}",
-                False,
-            )
-        )
+        advice = _data_path(window, need, budget)
+        recs += [advice] if advice is not None else []
     return recs
+
+
+def _data_path(window: Window, need: int, budget: int) -> Recommendation | None:
+    """The data path that fits (``observe.data_path``) once workers alone cannot close the gap."""
+    ctx = window.context
+    device_rate, loader_rate = loader_rates(window)
+    facts = ctx.data_facts or DataFacts()
+    advice = advise_data_path(
+        facts, device_rate=device_rate, loader_rate=loader_rate, device_type=ctx.device_type
+    )
+    if advice is None:
+        return None
+    current = f"{facts.pixel_dtype + ' ' if facts.pixel_dtype else ''}batches made by workers"
+    reason = f"needs ~{need} workers, CPU budget allows {budget}; {advice.reason}"
+    return Recommendation("data path", current, advice.path, reason, False)
 
 
 def storage(window: Window) -> list[Recommendation]:

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_maxtp.observe.data_path import DataFacts
+
 __all__ = [
     "SPIKE_FACTOR",
     "CaptureSummary",
@@ -59,11 +61,14 @@ class JobContext:
     """Type name of the train dataset (``"TensorDataset"``: already tensors in memory)."""
     iterable_dataset: bool = False
     """Whether the train dataset is an ``IterableDataset`` (its stream depends on workers)."""
+    data_facts: DataFacts | None = None
+    """What the loader ships per sample and what a sample costs it, as far as measured."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         data = asdict(self)
         data["unused_free_gpus"] = list(self.unused_free_gpus)
+        data["data_facts"] = None if self.data_facts is None else self.data_facts.to_dict()
         return data
 
 

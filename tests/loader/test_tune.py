@@ -261,9 +261,15 @@ def test_shortfall_gives_a_data_pipeline_recommendation() -> None:
     assert plan.shortfall is not None and plan.shortfall > 0.9
     assert re.search(r"is \d+% short of the 50,000 samples/s the device consumes", plan.reason)
     assert plan.recommendations[0].startswith("num_workers: more than 2 would still help")
-    assert any("pre-encode" in r for r in plan.recommendations)
-    assert any("device='cuda'" in r for r in plan.recommendations)
+    # Features, not images, and no files: pre-encoding, with the bytes and the sample's time.
+    assert plan.recommendations[1].startswith("data path: pre-encode (the best loader gives")
+    assert "batches are not float images" in plan.recommendations[1]
+    assert plan.data_path is not None and plan.data_path.path == "pre_encode"
+    per_sample = plan.data_path.facts.per_sample_s
+    assert per_sample is not None and per_sample >= 0.002  # the dataset sleeps 2 ms a sample
+    assert not any("device='cuda'" in r for r in plan.recommendations)  # no GPU here
     data = json.loads(json.dumps(plan.to_dict()))
+    assert data["data_path"]["path"] == "pre_encode"
     assert data["diagnosis_kind"] == "data_pipeline" and data["target_rate"] == 62_500.0
     assert data["changes"][:2] == [
         "num_workers: 0 -> 2",

@@ -13,6 +13,7 @@ import pytest
 
 from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
+from lightning_maxtp.observe.data_path import DataFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -111,7 +112,7 @@ def test_an_iterable_dataset_gets_more_workers_only_as_a_condition() -> None:
     assert "only if the IterableDataset splits its stream by" in rec.reason
 
 
-def test_data_pipeline_over_cpu_budget_points_at_pre_encoding() -> None:
+def test_data_pipeline_over_cpu_budget_names_the_data_path_that_fits() -> None:
     ctx = JobContext(num_workers=2, cpu_worker_budget=6, prefetch_factor=4)
     sampler = SamplerSeries(worker_cpu_percent=(190.0,) * 5, num_worker_processes=2)
     top = diagnose(window(100, 80, sampler=sampler, context=ctx))[0]
@@ -119,12 +120,30 @@ def test_data_pipeline_over_cpu_budget_points_at_pre_encoding() -> None:
     assert top.evidence["loader_speedup_needed"] == pytest.approx(5.0)
     assert [(r.knob, r.current, r.proposed, r.auto_apply) for r in top.recommendations] == [
         ("num_workers", 2, 6, True),
-        ("decode", "CPU in workers", "pre-encoded tensors", False),  # no GPU: no GPU decode
+        ("data path", "batches made by workers", "pre_encode", False),  # nothing measured
     ]
-    assert "needs ~11 workers, CPU budget allows 6" in top.recommendations[1].reason
-    on_gpu = dataclasses.replace(ctx, device_type="cuda")
-    gpu_top = diagnose(window(100, 80, sampler=sampler, context=on_gpu))[0]
-    assert gpu_top.recommendations[-1].proposed == "pre-encoded tensors or GPU decode (nvjpeg/DALI)"
+    reason = top.recommendations[1].reason
+    assert "needs ~11 workers, CPU budget allows 6" in reason
+    assert "80% short" in reason and "decode share not measurable" in reason
+
+    def path(facts: DataFacts, device: str = "cpu") -> tuple[str, str]:
+        on = dataclasses.replace(ctx, data_facts=facts, device_type=device)
+        rec = diagnose(window(100, 80, sampler=sampler, context=on))[0].recommendations[-1]
+        return rec.proposed, rec.reason
+
+    # Float images shipped and decoding a small share: uint8 to the device, with the bytes.
+    floats = DataFacts(sample_bytes=196608, pixel_dtype="float32", per_sample_s=2.9e-3,
+                       decode_s=0.7e-3, files="jpeg")  # fmt: skip
+    proposed, why = path(floats, "cuda")
+    assert proposed == "uint8_to_device"
+    assert "192 KiB a sample as float32, uint8 would be 48 KiB" in why
+    assert "decoding is 24% of a sample's 2.90 ms" in why
+    # Decoding most of a sample: GPU decode for JPEGs on CUDA, else pre-encoding.
+    decode_bound = dataclasses.replace(floats, decode_s=2.0e-3)
+    assert path(decode_bound, "cuda")[0] == "gpu_decode"
+    assert path(decode_bound, "cpu")[0] == "pre_encode"
+    png = dataclasses.replace(decode_bound, files="png")
+    assert "GPU decode needs JPEG files, these are png" in path(png, "cuda")[1]
     in_memory = dataclasses.replace(ctx, dataset="TensorDataset")
     kept = diagnose(window(100, 80, sampler=sampler, context=in_memory))[0].recommendations
     assert [r.knob for r in kept] == ["num_workers"]  # tensors in memory: nothing to pre-encode
