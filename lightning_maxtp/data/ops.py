@@ -62,7 +62,7 @@ def to_uint8_chw(image: Any) -> torch.Tensor:
         if image.dtype != np.uint8:
             raise ValueError(f"`image` must be a uint8 array, got {image.dtype}")
         array = image[:, :, None] if image.ndim == 2 else image
-        return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+        return torch.from_numpy(np.array(array.transpose(2, 0, 1), order="C"))
     raise ValueError(
         f"`image` must be a PIL image, a numpy array or a uint8 tensor, got {type(image).__name__}"
     )

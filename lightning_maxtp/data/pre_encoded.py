@@ -11,7 +11,10 @@ LitData is an optional extra: ``pip install "lightning-maxtp[data]"``.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import multiprocessing
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -199,11 +202,25 @@ def pre_encode(
     encode = _Encode(source, max_side, format, quality)
     encode(0)  # a bad sample fails here, with our message, before any process starts
     started = time.perf_counter()
-    optimize(
-        fn=encode, inputs=list(range(size)), output_dir=str(out), chunk_bytes=chunk_bytes,
-        num_workers=num_workers, keep_data_ordered=True, reorder_files=False,
-        start_method=start_method,
-    )  # fmt: skip
+    # LitData sets the process-wide start method (force=True) and DATA_OPTIMIZER_* variables;
+    # put the caller's back, or every DataLoader started afterwards would spawn its workers.
+    previous = multiprocessing.get_start_method(allow_none=True)
+    environ = {k: v for k, v in os.environ.items() if k.startswith("DATA_OPTIMIZER_")}
+    children = _children()
+    try:
+        optimize(
+            fn=encode, inputs=list(range(size)), output_dir=str(out), chunk_bytes=chunk_bytes,
+            num_workers=num_workers, keep_data_ordered=True, reorder_files=False,
+            start_method=start_method,
+        )  # fmt: skip
+    except BaseException:
+        _stop_new_children(children)  # LitData leaves its other workers running on an error
+        raise
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+        for key in [k for k in os.environ if k.startswith("DATA_OPTIMIZER_")]:
+            del os.environ[key]
+        os.environ.update(environ)
     stored = _stored_samples(out)
     if stored != size:
         raise RuntimeError(
@@ -213,6 +230,30 @@ def pre_encode(
         )
     written = sum(p.stat().st_size for p in out.glob("*.bin"))
     return PreEncodeResult(str(out), size, format, max_side, written, time.perf_counter() - started)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_children(before: set[int]) -> None:
+    """Terminate the processes started since ``before`` (multiprocessing's helpers excepted)."""
+    import psutil
+
+    new = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in before and "multiprocessing." not in " ".join(child.cmdline()):
+                child.terminate()
+                new.append(child)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(new, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def _stored_samples(out: Path) -> int:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
-from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
 from lightning_maxtp.observe.data_path import DataFacts
+from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
