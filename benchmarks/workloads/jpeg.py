@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 
 from benchmarks.workloads.common import ClassifierModule, LoaderSettings, make_loader
+from lightning_maxtp.data import ToUint8
 
 __all__ = [
     "MANIFEST_NAME",
@@ -165,16 +166,26 @@ class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):
     """Images under ``root/<class>/*.jpg``, decoded with PIL and augmented for training.
 
     Transform: ``RandomResizedCrop(crop)``, ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``
-    (ImageNet statistics). Classes are the sorted subdirectory names; labels their indices.
+    (ImageNet statistics), or ``ToUint8`` in place of the last two. Classes are the sorted
+    subdirectory names; labels their indices.
 
     Args:
         root: Directory with one subdirectory of ``.jpg`` files per class.
         crop: Output side in pixels.
         read_latency_s: Seconds each file read waits before it starts, as a read from network
             storage (NFS, an object store) does; 0 reads the local disk as it is.
+        uint8: End in ``lightning_maxtp.data.ToUint8()`` instead of ``ToTensor``/``Normalize``
+            (normalizing is left to ``DeviceTransform`` on the device).
     """
 
-    def __init__(self, root: Path | str, crop: int = 128, read_latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        crop: int = 128,
+        read_latency_s: float = 0.0,
+        *,
+        uint8: bool = False,
+    ) -> None:
         if read_latency_s < 0:
             raise ValueError(f"read_latency_s must be >= 0 seconds, got {read_latency_s!r}")
         self.read_latency_s = read_latency_s
@@ -187,12 +198,12 @@ class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):
         ]
         if not self.samples:
             raise FileNotFoundError(f"no class_*/*.jpg files under {self.root}")
+        tail = [ToUint8()] if uint8 else [transforms.ToTensor(), transforms.Normalize(_MEAN, _STD)]
         self.transform = transforms.Compose(
             [
                 transforms.RandomResizedCrop(crop, antialias=True),
                 transforms.RandomHorizontalFlip(),
-                transforms.ToTensor(),
-                transforms.Normalize(_MEAN, _STD),
+                *tail,
             ]
         )
 
