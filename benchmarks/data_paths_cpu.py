@@ -164,8 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  uint8 normalize: {device['uint8'] * 1e6:.1f} us/sample; encoded decode + crop + "
         f"normalize: {device['encoded'] * 1e6:.1f} us/sample",
         "pre-encoding, once: "
-        + "; ".join(f"{n}: {e['seconds']:.1f} s, {e['bytes'] / 2**20:.1f} MiB"
-                    for n, e in encoded.items()),  # fmt: skip
+        + "; ".join(
+            f"{n}: {e['seconds']:.1f} s, {e['bytes'] / 2**20:.1f} MiB" for n, e in encoded.items()
+        ),
         f"pre-encoded vs the uint8 JPEG pipeline: {medians['pre-encoded'] / medians['uint8']:.2f}x"
         f" (small: {medians['pre-encoded-small'] / medians['uint8']:.2f}x)",
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -90,16 +91,40 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
 
 
 _OBSERVE = "lightning_maxtp.observe_batch"
+SAMPLE_COST_BUDGET_S = 0.25
+"""Most the first step waits while a few samples are timed (what a sample costs to load)."""
 _OBSERVE_ORDER = -100
 """Before every other added step: the batch as the loader delivered it."""
 
 
+def _sample_costs(trainer: pl.Trainer) -> dict[str, Any]:
+    """What a train sample costs in this process (a few samples, random state kept)."""
+    from lightning_maxtp.loader.order import preserved_rng
+    from lightning_maxtp.loader.sample_cost import measure_sample_costs
+
+    loader = _first_loader(trainer.train_dataloader)
+    if loader is None:
+        return {}
+    try:
+        with preserved_rng(loader):
+            costs = measure_sample_costs(loader.dataset, count=4, budget_s=SAMPLE_COST_BUDGET_S)
+    except Exception as err:  # advisory: the diagnosis names a data path without it
+        log.debug("maxtp: sample costs not measured: %r", err)
+        return {}
+    if costs is None:
+        return {}
+    return {"per_sample_s": costs.per_sample_s, "decode_s": costs.decode_s, "files": costs.files}
+
+
 def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) -> Callable[[], None]:
-    """Call ``seen`` once with the bytes per sample and pixel dtype of the first train batch.
+    """Call ``seen`` once with what the first train batch shipped and what a sample costs.
 
     The batch is read in ``on_before_batch_transfer``, before any device-side step (decode,
-    normalize) changes it, so the facts describe what crossed from the workers. Returns the
-    function that takes the observer away (it also goes by itself after the first batch).
+    normalize) changes it, so bytes per sample and pixel dtype describe what crossed from the
+    workers. Then up to four samples of the train dataset are timed in this process (under
+    ``SAMPLE_COST_BUDGET_S``, random state kept), with their file decode when the dataset lists
+    its files. Returns the function that takes the observer away (it also goes by itself after
+    the first batch).
     """
     from lightning_maxtp.data.hooks import add_batch_step, hook_owner, remove_batch_step
     from lightning_maxtp.loader.sample_cost import batch_facts
@@ -111,7 +136,8 @@ def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) ->
         remove_batch_step(owner, hook, _OBSERVE)
         if trainer.training:
             samples, nbytes, dtype = batch_facts(batch)
-            seen(DataFacts(sample_bytes=nbytes // max(samples, 1), pixel_dtype=dtype))
+            facts = DataFacts(sample_bytes=nbytes // max(samples, 1), pixel_dtype=dtype)
+            seen(dataclasses.replace(facts, **_sample_costs(trainer)))
         return batch
 
     def unwatch() -> None:

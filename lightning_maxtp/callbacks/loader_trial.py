@@ -181,11 +181,4 @@ def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
         blocked = tuner.cost.blocked_s + time.perf_counter() - started
         tuner.cost = dataclasses.replace(tuner.cost, blocked_s=blocked)
         tuner.spans.append(("blocked", at, tuner.monitor.elapsed_s()))
-    advice = tuner.loader_plan.data_path
-    if advice is not None:  # what a sample costs, for the diagnosis of every later window
-        facts = tuner.monitor.context.data_facts or advice.facts
-        tuner.monitor.clock.update_context(data_facts=dataclasses.replace(
-            facts, per_sample_s=advice.facts.per_sample_s, decode_s=advice.facts.decode_s,
-            files=advice.facts.files,
-        ))  # fmt: skip
     return plan_change(tuner.loader_plan, tuner.loader.settings())

@@ -242,11 +242,7 @@ class StepClock(Callback):
         self.context = dataclasses.replace(self.context, **changes)
 
     def _data_facts(self, facts: DataFacts) -> None:
-        """The first batch's bytes per sample and pixel dtype, kept with what else was measured."""
-        old = self.context.data_facts
-        if old is not None:
-            facts = dataclasses.replace(old, sample_bytes=facts.sample_bytes,
-                                        pixel_dtype=facts.pixel_dtype)  # fmt: skip
+        """What the first batch shipped and what a sample costs: for every later window."""
         self.update_context(data_facts=facts)
 
     def stop(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from lightning_maxtp._log import rank_zero_info
-from lightning_maxtp.loader.worker_limits import WorkerThreadLimit
+from lightning_maxtp.loader.worker_limits import WorkerThreadLimit, start_method_of
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -47,7 +47,10 @@ class PlanApplier:
         overrides = plan.dataloader_kwargs()
         if plan.num_workers:
             user_fn = dataloader.worker_init_fn or private.lightning_worker_seeding(trainer)
-            overrides["worker_init_fn"] = WorkerThreadLimit(plan.worker_threads, user_fn)
+            forked = start_method_of(dataloader.multiprocessing_context) == "fork"
+            overrides["worker_init_fn"] = WorkerThreadLimit(
+                plan.worker_threads, user_fn, forked=forked
+            )
         rebuilt = private.rebuild_dataloader(dataloader, **overrides)
         settings = ", ".join(f"{k}={v!r}" for k, v in plan.dataloader_kwargs().items())
         rank_zero_info(f"{stage} DataLoader rebuilt with {settings}")

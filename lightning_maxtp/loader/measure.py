@@ -14,7 +14,6 @@ before returning.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -25,7 +24,11 @@ import psutil
 from lightning_maxtp.loader.candidate import LoaderCandidate
 from lightning_maxtp.loader.order import preserved_rng
 from lightning_maxtp.loader.sample_cost import batch_facts
-from lightning_maxtp.loader.worker_limits import MORE_WORKERS_THAN_CPUS, WorkerThreadLimit
+from lightning_maxtp.loader.worker_limits import (
+    MORE_WORKERS_THAN_CPUS,
+    WorkerThreadLimit,
+    start_method_of,
+)
 from lightning_maxtp.resources.schedstat import SchedClock
 
 if TYPE_CHECKING:
@@ -43,12 +46,7 @@ log = logging.getLogger(__name__)
 
 def start_method(loader: DataLoader[Any]) -> str:
     """How the loader's workers would be started: ``fork``, ``spawn`` or ``forkserver``."""
-    ctx = loader.multiprocessing_context
-    if ctx is not None:
-        return str(ctx.get_start_method())
-    # allow_none avoids fixing the default context as a side effect of asking.
-    method = multiprocessing.get_start_method(allow_none=True)
-    return method or multiprocessing.get_all_start_methods()[0]
+    return start_method_of(loader.multiprocessing_context)
 
 
 def candidate_loader(
@@ -70,7 +68,11 @@ def candidate_loader(
         "pin_memory": pin_memory,
         # persistent so that an epoch boundary inside the measurement does not restart workers
         "persistent_workers": workers,
-        "worker_init_fn": WorkerThreadLimit(threads, loader.worker_init_fn) if workers else None,
+        "worker_init_fn": WorkerThreadLimit(
+            threads, loader.worker_init_fn, forked=start_method(loader) == "fork"
+        )
+        if workers
+        else None,
         "multiprocessing_context": loader.multiprocessing_context if workers else None,
         "generator": loader.generator,
         "timeout": loader.timeout,

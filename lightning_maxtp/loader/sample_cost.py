@@ -99,12 +99,12 @@ def _decode_s(path: Path) -> float:
     return time.perf_counter() - started
 
 
-def measure_sample_costs(dataset: Any, count: int = 8) -> SampleCosts | None:
+def measure_sample_costs(dataset: Any, count: int = 8, budget_s: float = 1.0) -> SampleCosts | None:
     """Time ``count`` samples of a map-style dataset (``None`` when they cannot be indexed).
 
-    The samples are spread over the data set; the random state the dataset's transforms use
-    is not restored, so call it on a loader's dataset only where ``tune_dataloader`` preserves
-    random state.
+    The samples are spread over the data set, and timing stops once ``budget_s`` is spent.
+    The random state the dataset's transforms use is not restored: call it under
+    ``order.preserved_rng``.
     """
     from torch.utils.data import IterableDataset
 
@@ -117,8 +117,11 @@ def measure_sample_costs(dataset: Any, count: int = 8) -> SampleCosts | None:
     if size < 1:
         return None
     indices = sorted({i * size // min(count, size) for i in range(min(count, size))})
-    spent = []
-    for index in indices:
+    spent: list[float] = []
+    for position, index in enumerate(indices):
+        if sum(spent) > budget_s:  # slow samples: the ones timed so far tell enough
+            indices = indices[:position]
+            break
         started = time.perf_counter()
         try:
             dataset[index]

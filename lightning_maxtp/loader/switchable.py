@@ -21,6 +21,7 @@ from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.worker_limits import (
     MORE_WORKERS_THAN_CPUS,
     WorkerThreadLimit,
+    start_method_of,
     unwrap_worker_init_fn,
 )
 
@@ -148,7 +149,10 @@ class SwitchableLoader(DataLoader[Any]):
     def _init_fn(self, workers: int) -> Any:
         if workers == 0:
             return self.user_worker_init_fn
-        return WorkerThreadLimit(max(1, self.cpu_threads // workers), self.user_worker_init_fn)
+        forked = start_method_of(self.user_mp_context) == "fork"
+        return WorkerThreadLimit(
+            max(1, self.cpu_threads // workers), self.user_worker_init_fn, forked=forked
+        )
 
     def _apply_pending(self) -> None:
         if not self._pending:

@@ -163,11 +163,10 @@ def advise_data_path(
     elif facts.float_images:
         path = "uint8_to_device"
         quarter = _kib(max(1, (facts.sample_bytes or 0) // 4))
-        reason = (
-            f"{short}; {shipped}, uint8 would be {quarter}; {_cost_text(facts)}, so most of a "
-            "sample's time is the float conversion, normalize and shipping, which move to the "
-            "device"
-        )
+        reason = f"{short}; {shipped}, uint8 would be {quarter}; {_cost_text(facts)}"
+        if share is not None:
+            reason += ", so most of it is cropping, converting, normalizing and shipping"
+        reason += "; the float conversion and normalize move to the device"
     else:
         path = "pre_encode"
         reason = f"{short}; {shipped or 'batches are not float images'}; {_cost_text(facts)}"

@@ -32,17 +32,43 @@ def rows(loader: DataLoader) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_limits_threads_then_runs_the_users_init(method: str) -> None:
     before = os.environ.get("OMP_NUM_THREADS")
+    forked = method == "fork"
     loader = DataLoader(
         ThreadsDataset(),
         batch_size=None,
         num_workers=1,
         multiprocessing_context=method,
-        worker_init_fn=WorkerThreadLimit(2, thread_report),
+        worker_init_fn=WorkerThreadLimit(2, thread_report, forked=forked),
     )
     # (index, torch threads, OMP_NUM_THREADS, threads the user's init saw): the user's function
-    # ran after the limits, in the worker, under both start methods.
-    assert rows(loader) == [(i, 2, 2, 2) for i in range(4)]
+    # ran after the limits, in the worker, under both start methods; a forked worker keeps
+    # OpenMP (and torch's pool on it) at one thread.
+    threads = 1 if forked else 2
+    assert rows(loader) == [(i, threads, threads, threads) for i in range(4)]
     assert os.environ.get("OMP_NUM_THREADS") == before  # only the worker was limited
+
+
+class ZerosDataset(torch.utils.data.Dataset[int]):
+    """Each sample runs a torch op big enough to be split over intra-op threads."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return int(torch.zeros(4_000_000).sum()) + index
+
+
+def test_a_forked_worker_given_threads_does_not_hang_on_the_parents_openmp_team() -> None:
+    # The parent's OpenMP team is running (a parallel fill with every thread); a forked child
+    # that raised its own threads above one then waited forever in the next parallel region.
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread: no OpenMP team in the parent")
+    torch.zeros(4_000_000).fill_(1.0)
+    loader = DataLoader(
+        ZerosDataset(), batch_size=None, num_workers=1, multiprocessing_context="fork",
+        worker_init_fn=WorkerThreadLimit(2, forked=True), timeout=60,
+    )  # fmt: skip
+    assert list(loader) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
