@@ -131,7 +131,8 @@ def time_fit(
         steps: Timed steps.
         accelerator: Trainer accelerator.
         precision: Trainer precision, e.g. ``"32-true"`` or ``"bf16-mixed"``.
-        trainer_kwargs: Further Trainer arguments (override the ones above).
+        trainer_kwargs: Further Trainer arguments (override the ones above; ``callbacks`` are
+            added after the step timer).
 
     Returns:
         Samples and seconds of the timed steps.
@@ -154,9 +155,9 @@ def time_fit(
         "enable_checkpointing": False,
         "enable_progress_bar": False,
         "enable_model_summary": False,
-        "callbacks": [timer],
         **(trainer_kwargs or {}),
     }
+    kwargs["callbacks"] = [timer, *(trainer_kwargs or {}).get("callbacks", [])]
     trainer = pl.Trainer(**kwargs)
     try:
         trainer.fit(module, train_dataloaders=loader)
