@@ -100,10 +100,12 @@ _OBSERVE_ORDER = -100
 def _sample_costs(trainer: pl.Trainer) -> dict[str, Any]:
     """What a train sample costs in this process (a few samples, random state kept)."""
     from lightning_maxtp.loader.order import preserved_rng
-    from lightning_maxtp.loader.sample_cost import measure_sample_costs
+    from lightning_maxtp.loader.sample_cost import file_samples, measure_sample_costs
 
     loader = _first_loader(trainer.train_dataloader)
-    if loader is None:
+    # Only a dataset that lists its image files (ImageFolder's `samples`): indexing any other
+    # in this process could open handles (HDF5, LMDB) that later forked workers would share.
+    if loader is None or file_samples(loader.dataset) is None:
         return {}
     try:
         with preserved_rng(loader):
@@ -121,10 +123,10 @@ def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) ->
 
     The batch is read in ``on_before_batch_transfer``, before any device-side step (decode,
     normalize) changes it, so bytes per sample and pixel dtype describe what crossed from the
-    workers. Then up to four samples of the train dataset are timed in this process (under
-    ``SAMPLE_COST_BUDGET_S``, random state kept), with their file decode when the dataset lists
-    its files. Returns the function that takes the observer away (it also goes by itself after
-    the first batch).
+    workers. Then, when the train dataset lists its image files (``samples``, as ImageFolder
+    does), up to four samples and their file decode are timed in this process (under
+    ``SAMPLE_COST_BUDGET_S``, random state kept). Returns the function that takes the observer
+    away (it also goes by itself after the first batch).
     """
     from lightning_maxtp.data.hooks import add_batch_step, hook_owner, remove_batch_step
     from lightning_maxtp.loader.sample_cost import batch_facts

@@ -25,7 +25,8 @@ class SampleCosts:
         samples: How many samples were timed.
         per_sample_s: Median seconds of ``dataset[i]`` (read, decode, transform).
         decode_s: Median seconds to read and decode the same samples' files to RGB pixels, when
-            the dataset lists its files (``None``: not measurable).
+            the dataset lists its files (``None``: not measurable, or longer than a whole
+            sample: the samples do not decode their files).
         files: ``"jpeg"``, ``"png"``... the files' format when they were read, else ``None``.
     """
 
@@ -136,6 +137,10 @@ def measure_sample_costs(dataset: Any, count: int = 8, budget_s: float = 1.0) ->
     except (ImportError, OSError, ValueError):  # not images PIL reads: decode stays unknown
         return SampleCosts(len(indices), _median(spent))
     suffix = files[indices[0]][0].suffix.lower().lstrip(".")
+    per_sample, decode_s = _median(spent), _median(decode)
+    # A sample faster than decoding its file does not decode it (it returns the file's bytes,
+    # or a cache): decode is then no part of the loader's time.
     return SampleCosts(
-        len(indices), _median(spent), _median(decode), "jpeg" if suffix == "jpg" else suffix
-    )
+        len(indices), per_sample, decode_s if decode_s <= per_sample else None,
+        "jpeg" if suffix == "jpg" else suffix,
+    )  # fmt: skip

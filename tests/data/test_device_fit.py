@@ -27,14 +27,14 @@ CPU_TAIL = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
 class Files(torch.utils.data.Dataset[tuple[Any, int]]):
     """(transform(PIL image), label) for (path, label) pairs."""
 
-    def __init__(self, pairs: list[tuple[Path, int]], transform: Any) -> None:
-        self.pairs, self.transform = pairs, transform
+    def __init__(self, samples: list[tuple[Path, int]], transform: Any) -> None:
+        self.samples, self.transform = samples, transform  # ImageFolder's name for them
 
     def __len__(self) -> int:
-        return len(self.pairs)
+        return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        path, label = self.pairs[index]
+        path, label = self.samples[index]
         return self.transform(Image.open(path).convert("RGB")), label
 
 
@@ -89,6 +89,8 @@ def test_uint8_batches_train_on_the_cpu_pipelines_tensors(tmp_path: Path) -> Non
     assert "on_before_batch_transfer" not in vars(model)
     facts = clock.context.data_facts
     assert facts.pixel_dtype == "uint8" and facts.sample_bytes == 3 * 16 * 16 + 8
+    # The dataset lists its files, so a few samples (and their decode) were timed.
+    assert facts.files == "jpeg" and facts.per_sample_s > 0
 
 
 def test_random_flip_runs_while_training_only(tmp_path: Path) -> None:
@@ -121,6 +123,8 @@ def test_packed_jpeg_bytes_are_decoded_and_cropped_on_the_device(tmp_path: Path)
     assert (torch.cat(model.val_x) - want).abs().max() <= ONE_LEVEL + 1e-5
     facts = clock.context.data_facts
     assert facts.pixel_dtype is None  # packed bytes crossed, not images
+    # EncodedImages lists its files, but a sample only reads one: no decode in the loader.
+    assert facts.files == "jpeg" and facts.per_sample_s > 0 and facts.decode_s is None
     assert facts.sample_bytes < 40 * 48 * 3  # compressed bytes, not pixels
     assert "on_before_batch_transfer" not in vars(model)
 

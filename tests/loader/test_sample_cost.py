@@ -1,0 +1,61 @@
+"""What a sample costs the loader and what a batch ships: measured on real files and tensors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from lightning_maxtp.loader.sample_cost import batch_facts, file_samples, measure_sample_costs
+from tests.helpers.jpegs import write_jpegs
+
+
+class SlowFiles(torch.utils.data.Dataset[tuple[Any, int]]):
+    """Decodes its file, then works 5 ms more: decode is a small, measurable share."""
+
+    def __init__(self, samples: list[tuple[Path, int]]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        image = Image.open(path).convert("RGB")
+        time.sleep(0.005)
+        return image, label
+
+
+def test_decode_share_of_a_dataset_that_lists_its_files(tmp_path: Path) -> None:
+    pairs = write_jpegs(tmp_path, 8)
+    costs = measure_sample_costs(SlowFiles(pairs), count=4)
+    assert costs is not None and costs.samples == 4 and costs.files == "jpeg"
+    assert costs.per_sample_s >= 0.005 and costs.decode_s is not None
+    assert costs.decode_share is not None and 0 < costs.decode_share < 1
+    assert costs.to_dict()["decode_share"] == costs.decode_share
+
+
+def test_what_cannot_be_timed_is_none_and_the_budget_stops_early(tmp_path: Path) -> None:
+    assert measure_sample_costs(torch.utils.data.TensorDataset(torch.zeros(4))).decode_s is None
+
+    class Stream(torch.utils.data.IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    assert measure_sample_costs(Stream()) is None
+    assert measure_sample_costs([]) is None
+    slow = SlowFiles(write_jpegs(tmp_path, 8))
+    assert measure_sample_costs(slow, count=8, budget_s=0.001).samples == 1  # type: ignore[union-attr]
+    assert file_samples([("a.jpg", 1)]) == [(Path("a.jpg"), 1)]
+    assert file_samples([(torch.zeros(1), 1)]) is None and file_samples("abc") is None
+
+
+def test_batch_facts_name_the_largest_image_tensor() -> None:
+    batch = {"x": torch.zeros(4, 3, 8, 8, dtype=torch.uint8), "y": torch.zeros(4),
+             "mask": torch.zeros(4, 1, 2, 2)}  # fmt: skip
+    samples, nbytes, dtype = batch_facts(batch)
+    assert (samples, dtype) == (4, "uint8") and nbytes == 4 * 192 + 4 * 4 + 4 * 4 * 4
+    assert batch_facts((torch.zeros(2, 5),))[2] is None
