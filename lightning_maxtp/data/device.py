@@ -26,6 +26,7 @@ from lightning_maxtp.data.ops import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     center_crops,
+    channel_stats,
     decode_packed,
     normalize_uint8,
     random_flip,
@@ -131,13 +132,18 @@ class DeviceTransform(Callback):
         import torch
         from lightning_utilities.core.apply_func import apply_to_collection
 
+        stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
         def one(images: torch.Tensor) -> torch.Tensor:
             if images.dim() != 4 or images.dtype != torch.uint8:
                 return images
             if self.flip and self._training(trainer):
                 images = random_flip(images)
             self.batches["normalized"] += 1
-            return normalize_uint8(images, self.mean, self.std)
+            if images.device not in stats:  # once per device: no host-to-device copy per step
+                stats[images.device] = channel_stats(self.mean, self.std, images.device)
+            mean, std = stats[images.device]
+            return normalize_uint8(images, mean, std)
 
         return lambda batch: apply_to_collection(batch, torch.Tensor, one)
 

@@ -21,6 +21,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "center_crops",
+    "channel_stats",
     "decode_packed",
     "normalize_uint8",
     "pack_encoded",
@@ -68,28 +69,45 @@ def to_uint8_chw(image: Any) -> torch.Tensor:
     )
 
 
+def channel_stats(
+    mean: Sequence[float], std: Sequence[float], device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mean`` and ``std`` as ``[1, C, 1, 1]`` float32 tensors on ``device``.
+
+    Made once per device by the caller: building them per batch would copy host memory to the
+    GPU, a synchronous copy, on every step.
+    """
+    import torch
+
+    shape = (1, len(mean), 1, 1)
+    m = torch.tensor(mean, dtype=torch.float32).view(shape).to(device)
+    s = torch.tensor(std, dtype=torch.float32).view(shape).to(device)
+    return m, s
+
+
 def normalize_uint8(
     images: torch.Tensor,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
+    mean: Sequence[float] | torch.Tensor = IMAGENET_MEAN,
+    std: Sequence[float] | torch.Tensor = IMAGENET_STD,
 ) -> torch.Tensor:
     """``(images / 255 - mean) / std`` in ``float32`` for a ``uint8`` NCHW batch, on its device.
 
     The same arithmetic as ``ToTensor()`` then ``Normalize(mean, std)``, one fused expression on
-    the whole batch; the memory format (e.g. ``channels_last``) of ``images`` is kept.
+    the whole batch; the memory format (e.g. ``channels_last``) of ``images`` is kept. ``mean``
+    and ``std`` may be ``channel_stats`` tensors already on the device.
     """
     import torch
 
     channels = images.shape[1]
-    if len(mean) != channels or len(std) != channels:
+    sizes = [v.numel() if isinstance(v, torch.Tensor) else len(v) for v in (mean, std)]
+    if sizes != [channels, channels]:
         raise ValueError(
-            f"`mean` and `std` need one value per channel ({channels}), got {len(mean)} and "
-            f"{len(std)}"
+            f"`mean` and `std` need one value per channel ({channels}), got {sizes[0]} and "
+            f"{sizes[1]}"
         )
-    shape = (1, channels, 1, 1)
-    m = torch.tensor(mean, dtype=torch.float32, device=images.device).view(shape)
-    s = torch.tensor(std, dtype=torch.float32, device=images.device).view(shape)
-    return images.float().div_(255).sub_(m).div_(s)
+    if not isinstance(mean, torch.Tensor) or not isinstance(std, torch.Tensor):
+        mean, std = channel_stats(list(mean), list(std), images.device)
+    return images.float().div_(255).sub_(mean).div_(std)
 
 
 def random_flip(images: torch.Tensor, p: float = 0.5) -> torch.Tensor:
