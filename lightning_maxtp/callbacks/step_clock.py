@@ -24,7 +24,6 @@ from typing_extensions import override
 from lightning_maxtp.callbacks.context import job_context, watch_first_batch
 from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
 from lightning_maxtp.observe import sampler as _sampler
-from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import Window
 
 if TYPE_CHECKING:
@@ -118,7 +117,10 @@ class StepClock(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.context = job_context(trainer)
-        self._unwatch = watch_first_batch(trainer, self._data_facts)
+        # What the first batch shipped and what a sample costs, for every later window.
+        self._unwatch = watch_first_batch(
+            trainer, lambda facts: self.update_context(data_facts=facts)
+        )
         sources: list[_sampler.Source | None] = [
             _sampler.try_source(
                 lambda: _sampler.ProcessCpuSource(exclude=_launched_ranks(trainer))
@@ -240,10 +242,6 @@ class StepClock(Callback):
     def update_context(self, **changes: Any) -> None:
         """Windows closed from now on carry these settings (a knob changed mid-fit)."""
         self.context = dataclasses.replace(self.context, **changes)
-
-    def _data_facts(self, facts: DataFacts) -> None:
-        """What the first batch shipped and what a sample costs: for every later window."""
-        self.update_context(data_facts=facts)
 
     def stop(self) -> None:
         """Stop the sampler thread and the first-batch observer (idempotent)."""

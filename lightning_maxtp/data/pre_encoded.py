@@ -120,7 +120,9 @@ class _Encode:
         return {"index": index, "image": buffer.getvalue(), "label": label}
 
 
-def _check(source: Any, output_dir: Path, max_side: int | None, fmt: str, quality: int) -> int:
+def _check(
+    source: Any, output_dir: Path, max_side: int | None, fmt: str, quality: int, *, overwrite: bool
+) -> int:
     if fmt not in _FORMATS:
         raise ValueError(f"`format` must be one of {_FORMATS}, got {fmt!r}")
     if max_side is not None and max_side < 8:
@@ -136,7 +138,7 @@ def _check(source: Any, output_dir: Path, max_side: int | None, fmt: str, qualit
         ) from None
     if size < 1:
         raise ValueError("`source` is empty: nothing to pre-encode")
-    if output_dir.exists() and any(output_dir.iterdir()):
+    if not overwrite and output_dir.exists() and any(output_dir.iterdir()):
         raise ValueError(
             f"`output_dir` {str(output_dir)!r} is not empty; pass `overwrite=True` to replace "
             "its contents or choose another directory"
@@ -194,13 +196,13 @@ def pre_encode(
             'pre_encode needs LitData: pip install "lightning-maxtp[data]" (or litdata)'
         ) from err
     out = Path(output_dir)
-    if overwrite and out.exists():
+    size = _check(source, out, max_side, format, quality, overwrite=overwrite)
+    encode = _Encode(source, max_side, format, quality)
+    encode(0)  # a bad sample fails here, with our message, before any process starts
+    if overwrite and out.exists():  # only once the arguments and the first sample are good
         import shutil
 
         shutil.rmtree(out)
-    size = _check(source, out, max_side, format, quality)
-    encode = _Encode(source, max_side, format, quality)
-    encode(0)  # a bad sample fails here, with our message, before any process starts
     started = time.perf_counter()
     # LitData sets the process-wide start method (force=True) and DATA_OPTIMIZER_* variables;
     # put the caller's back, or every DataLoader started afterwards would spawn its workers.

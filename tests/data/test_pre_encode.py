@@ -78,6 +78,9 @@ def test_bad_input_is_named_and_nothing_is_overwritten(tmp_path: Path) -> None:
     assert (out / "keep.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="`format` must be one of"):
         pre_encode(pairs, tmp_path / "x", format="png", **FAST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`format` must be one of"):  # checked before removing
+        pre_encode(pairs, out, format="png", overwrite=True, **FAST)  # type: ignore[arg-type]
+    assert (out / "keep.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="`max_side` must be >= 8"):
         pre_encode(pairs, tmp_path / "x", max_side=2, **FAST)
     with pytest.raises(ValueError, match="`source` is empty"):
