@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--json", action="store_true", help="print machine-readable JSON")
     tri.set_defaults(handler=_cmd_triage)
     _add_pack(sub)
+    from lightning_maxtp.bench.command import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -2,9 +2,10 @@
 
 Layers, lowest first: the leaf helpers (``_units``, ``_log``), ``resources`` (the probe),
 ``observe`` (windows, diagnosis, report), the stages built on them (``loader``, ``batch_size``,
-``strategy``, ``pack``, ``inference``), ``callbacks`` (the Lightning glue), then the top level
-(``__init__``, ``cli``, ``_register``). A module imports its own subpackage or lower layers only,
-at module level or inside a function; imports under ``TYPE_CHECKING`` are free.
+``strategy``, ``pack``, ``inference``), ``data``, ``callbacks`` (the Lightning glue), ``bench``
+(which times jobs with the callback), then the top level (``__init__``, ``cli``, ``_register``).
+A module imports its own subpackage or lower layers only, at module level or inside a function;
+imports under ``TYPE_CHECKING`` are free.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ LAYERS = {
     "loader": 3, "batch_size": 3, "strategy": 3, "pack": 3, "inference": 3,
     "data": 4,
     "callbacks": 5,
-    "__init__": 6, "cli": 6, "_register": 6,
+    "bench": 6,
+    "__init__": 7, "cli": 7, "_register": 7,
 }  # fmt: skip
 SUBPACKAGES = sorted(k for k in LAYERS if (PACKAGE / k).is_dir())
 MAX_MODULE_LINES = 360

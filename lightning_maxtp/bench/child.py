@@ -1,0 +1,214 @@
+"""One timed fit in a fresh interpreter: ``python -m lightning_maxtp.bench.child ...``.
+
+The parent (``run_bench``) starts one of these per configuration and round, so no run inherits
+another's caches, threads or allocator state. It writes one JSON record to ``--out``: the
+reference workload's rate, the steady samples/s after warm-up, the whole fit's wall-clock, and
+for ``maxtp`` what the callback changed. A failure is written there too, as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from lightning_maxtp.bench.target import BenchJob, BenchTargetError, load_job, parse_target
+
+# The bench decides how long the fit runs and keeps it free of side work; these job settings
+# are replaced (and listed in the record) rather than rejected, so a job function can return
+# the Trainer arguments of the real run unchanged.
+_REPLACED = ("max_steps", "max_epochs", "min_steps", "min_epochs", "max_time",
+             "limit_val_batches", "val_check_interval", "num_sanity_val_steps", "logger",
+             "enable_checkpointing", "enable_progress_bar", "enable_model_summary")  # fmt: skip
+
+
+def _timer(warmup: int, steps: int) -> Any:
+    """A callback that reads the clock at the end of step ``warmup`` and of step warmup+steps."""
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_maxtp.callbacks.step_clock import count_samples
+
+    class SteadyTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.batches = self.samples = self.total_samples = 0
+            self.start: float | None = None
+            self.stop: float | None = None
+
+        def _now(self, trainer: pl.Trainer) -> float:
+            device = trainer.strategy.root_device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any,
+            batch_idx: int,
+        ) -> None:  # fmt: skip
+            self.batches += 1
+            samples = count_samples(batch)
+            self.total_samples += samples
+            if self.batches == warmup:
+                self.start = self._now(trainer)
+            elif warmup < self.batches <= warmup + steps:
+                self.samples += samples
+                if self.batches == warmup + steps:
+                    self.stop = self._now(trainer)
+
+    return SteadyTimer()
+
+
+def _has_maxtp(callbacks: list[Any]) -> bool:
+    from lightning_maxtp.callbacks import MaxThroughputCallback
+
+    return any(isinstance(c, MaxThroughputCallback) for c in callbacks)
+
+
+def _tuning(callbacks: list[Any]) -> dict[str, Any] | None:
+    from lightning_maxtp.callbacks import MaxThroughputCallback
+
+    for callback in callbacks:
+        if isinstance(callback, MaxThroughputCallback):
+            tuning = callback.tuning
+            return {
+                "kept": [t.knob for t in tuning.trials if t.kept],
+                "trials": [str(t) for t in tuning.trials],
+                "settings": {k: str(v) for k, v in tuning.settings.items()},
+                "stop_reason": tuning.stop_reason,
+            }
+    return None
+
+
+def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator: str | None,
+             root_dir: str) -> dict[str, Any]:  # fmt: skip
+    """Time the reference workload, then ``warmup + steps`` training steps of ``job``."""
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_maxtp.bench.reference import reference_rate
+
+    kwargs = dict(job.trainer_kwargs)
+    replaced = sorted(k for k in _REPLACED if k in kwargs)
+    timer = _timer(warmup, steps)
+    callbacks = [timer, *list(kwargs.pop("callbacks", None) or [])]
+    if config == "maxtp" and not _has_maxtp(callbacks):
+        from lightning_maxtp.callbacks import MaxThroughputCallback
+
+        callbacks.append(MaxThroughputCallback())
+    kwargs.setdefault("devices", 1)
+    if accelerator is not None:
+        kwargs["accelerator"] = accelerator
+    kwargs.update(
+        max_steps=warmup + steps, max_epochs=None, min_steps=None, min_epochs=None, max_time=None,
+        limit_val_batches=0, val_check_interval=None, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root_dir, callbacks=callbacks,
+    )  # fmt: skip
+    trainer = pl.Trainer(**kwargs)
+    if trainer.world_size > 1:
+        # Each rank would re-run this process and write the record: one device is what it times.
+        raise BenchTargetError(
+            f"the job's trainer_kwargs make {trainer.world_size} processes (devices="
+            f"{kwargs.get('devices')!r}, num_nodes={kwargs.get('num_nodes', 1)!r}); maxtp bench "
+            "times one device: drop 'devices' from trainer_kwargs or set it to 1"
+        )
+    device = trainer.strategy.root_device
+    threads = torch.get_num_threads()
+    before = reference_rate(device)
+    start = time.perf_counter()
+    if job.datamodule is not None:
+        trainer.fit(job.model, datamodule=job.datamodule)
+    else:
+        trainer.fit(job.model, train_dataloaders=job.train_dataloaders)
+    fit_s = time.perf_counter() - start
+    # Timed on both sides of the fit, with the threads it started with (the callback may have
+    # changed them), so the reference brackets the minutes the job ran in.
+    tuned_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    after = reference_rate(device)
+    torch.set_num_threads(tuned_threads)
+    if timer.start is None or timer.stop is None:
+        raise RuntimeError(
+            f"the fit ended after {timer.batches} of {warmup + steps} steps (--warmup {warmup} "
+            f"+ --steps {steps}); does the job stop itself early?"
+        )
+    steady_s = timer.stop - timer.start
+    return {
+        "config": config,
+        "device": str(device),
+        "reference_samples_per_s": (before + after) / 2,
+        "reference_before_after": [before, after],
+        "steady_samples": timer.samples,
+        "steady_seconds": steady_s,
+        "steady_samples_per_s": timer.samples / steady_s,
+        "fit_samples": timer.total_samples,
+        "fit_seconds": fit_s,
+        "fit_samples_per_s": timer.total_samples / fit_s,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "replaced_trainer_kwargs": replaced,
+        "tuning": _tuning(callbacks),
+    }
+
+
+def _versions() -> dict[str, str]:
+    import lightning
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        # The package is imported already (this module is in it); no import of the top level.
+        "lightning_maxtp": str(getattr(sys.modules["lightning_maxtp"], "__version__", "?")),
+    }
+
+
+def _last_line(err: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()
+    return text[-1] if text else type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one timed fit; 0 on success, 2 for a broken target, 3 for a fit that failed."""
+    parser = argparse.ArgumentParser(prog="python -m lightning_maxtp.bench.child")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--accelerator", default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    record: dict[str, Any]
+    code = 0
+    try:
+        import logging
+        import warnings
+
+        import lightning.pytorch as pl
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", module="lightning.*")
+        pl.seed_everything(0, verbose=False)
+        job = load_job(parse_target(args.target), args.config)
+        with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as root:
+            record = fit_once(job, args.config, steps=args.steps, warmup=args.warmup,
+                              accelerator=args.accelerator, root_dir=root)  # fmt: skip
+        record["versions"] = _versions()
+    except BenchTargetError as err:
+        record, code = {"error": str(err), "stage": "target"}, 2
+    except Exception as err:  # the user's job may raise anything: report it
+        traceback.print_exc()
+        stage = "target" if "job" not in locals() else "fit"
+        record, code = {"error": _last_line(err), "stage": stage}, 2 if stage == "target" else 3
+    args.out.write_text(json.dumps(record))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

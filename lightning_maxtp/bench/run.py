@@ -1,0 +1,212 @@
+"""``run_bench``: every configuration of a job in fresh processes, rounds alternating.
+
+Round r runs every configuration once, in the given order (A, B, A, B, ...), so a machine that
+drifts over minutes drifts for all of them alike. Each run is a new interpreter
+(``lightning_maxtp.bench.child``): nothing warmed by one configuration helps the next. This
+module starts processes only; it imports neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from lightning_maxtp.bench.reference import REFERENCE
+from lightning_maxtp.bench.result import BenchResult
+from lightning_maxtp.bench.target import BenchTargetError, parse_target
+
+__all__ = ["BenchRunError", "run_bench"]
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class BenchRunError(RuntimeError):
+    """The job built but its fit failed, crashed or ran out of time (one line)."""
+
+
+def _target_text(target: str | Callable[..., Any]) -> str:
+    if isinstance(target, str):
+        return target
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if module is None or not name.isidentifier():
+        raise BenchTargetError(
+            f"target {target!r} must be a module-level function (or a 'FILE.py:FUNCTION' string)"
+        )
+    if module == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if main_file is None:
+            raise BenchTargetError(
+                f"target {name}() is defined in an interactive session; put it in a file and "
+                "pass 'FILE.py:FUNCTION'"
+            )
+        return f"{main_file}:{name}"
+    return f"{module}:{name}"
+
+
+def _check(configs: Sequence[str], steps: int, warmup: int, rounds: int) -> None:
+    for name, value in (("steps", steps), ("warmup", warmup), ("rounds", rounds)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not configs:
+        raise ValueError("configs is empty; give at least one, e.g. defaults,maxtp")
+    bad = [c for c in configs if not c or not c.replace("-", "_").isidentifier()]
+    if bad:
+        raise ValueError(f"configs {bad} are not names (letters, digits, _ and -)")
+    if len(set(configs)) != len(configs):
+        raise ValueError(f"configs {list(configs)} name one configuration twice")
+
+
+def _git() -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if env is None else env)
+    # The child must import this same copy of the package, installed or not.
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), out.get("PYTHONPATH")) if p)
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    return out
+
+
+def _run_child(
+    command: list[str],
+    out: Path,
+    env: dict[str, str],
+    *,
+    timeout_s: float,
+    verbose: bool,
+    what: str,
+) -> dict[str, Any]:
+    log = out.with_suffix(".log")
+    with log.open("w") as sink:
+        try:
+            done = subprocess.run(
+                command, env=env, timeout=timeout_s, check=False, text=True,
+                stdout=None if verbose else sink, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise BenchRunError(f"{what} did not finish in {timeout_s:.0f} s (--timeout)") from None
+    if out.is_file():
+        record: dict[str, Any] = json.loads(out.read_text())
+        if "error" not in record:
+            return record
+        message = f"{what}: {record['error']}"
+        if record.get("stage") == "target":
+            raise BenchTargetError(message)
+        raise BenchRunError(message)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "no output"
+    code = done.returncode
+    raise BenchRunError(f"{what} exited with code {code} before writing a result: {last}")
+
+
+def run_bench(
+    target: str | Callable[..., Any],
+    *,
+    configs: Sequence[str] = ("defaults", "maxtp"),
+    steps: int = 100,
+    warmup: int = 10,
+    rounds: int = 3,
+    accelerator: str | None = None,
+    timeout_s: float = 1800.0,
+    env: Mapping[str, str] | None = None,
+    progress: TextIO | None = sys.stderr,
+    verbose: bool = False,
+) -> BenchResult:
+    """Time ``target``'s job under each configuration, ``rounds`` times, alternating.
+
+    Args:
+        target: ``"FILE.py:FUNCTION"``, ``"package.module:FUNCTION"``, or such a function.
+        configs: ``defaults`` (the job as written), ``maxtp`` (with ``MaxThroughputCallback()``
+            added unless the job has one), or names the job function builds itself from its
+            ``config`` argument.
+        steps: Timed training steps per fit, after ``warmup``.
+        warmup: Untimed steps first (start-up, autotuning, allocator growth).
+        rounds: Times each configuration runs.
+        accelerator: The Trainer's ``accelerator``; ``None`` keeps the job's (default ``auto``).
+        timeout_s: Longest one fit may take.
+        env: Environment of the children (default: this process's).
+        progress: Where a line per run goes (``None``: nowhere).
+        verbose: Let the children's own output through (else it is kept back).
+
+    Raises:
+        ValueError: Bad arguments.
+        BenchTargetError: A target that cannot be found, built or called (a ``ValueError``).
+        BenchRunError: A fit that failed, crashed or timed out.
+    """
+    from lightning_maxtp.resources import inspect_resources
+
+    text = _target_text(target)
+    parse_target(text)
+    configs = tuple(configs)
+    _check(configs, steps, warmup, rounds)
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    child_env = _child_env(env)
+    load_before = _load_avg()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as tmp:
+        for r in range(1, rounds + 1):
+            for config in configs:
+                out = Path(tmp) / f"r{r}-{config}.json"
+                command = [sys.executable, "-m", "lightning_maxtp.bench.child", "--target", text,
+                           "--config", config, "--steps", str(steps), "--warmup", str(warmup),
+                           "--out", str(out)]  # fmt: skip
+                if accelerator is not None:
+                    command += ["--accelerator", accelerator]
+                what = f"{text} (config {config}, round {r})"
+                record = _run_child(command, out, child_env, timeout_s=timeout_s,
+                                    verbose=verbose, what=what)  # fmt: skip
+                record["round"] = r
+                runs.append(record)
+                if progress is not None:
+                    print(
+                        f"maxtp bench: round {r}/{rounds} {config}: "
+                        f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
+                        f"{record['fit_seconds']:.1f} s, reference "
+                        f"{record['reference_samples_per_s']:.0f}/s",
+                        file=progress, flush=True,
+                    )  # fmt: skip
+    versions = dict(runs[-1].get("versions") or {})
+    return BenchResult(
+        target=text,
+        configs=configs,
+        params={
+            "steps": steps,
+            "warmup": warmup,
+            "rounds": rounds,
+            "accelerator": accelerator or "auto",
+            "reference": REFERENCE,
+            "device": runs[-1]["device"],
+        },
+        runs=tuple(runs),
+        machine=inspect_resources().to_dict(),
+        versions=versions,
+        git=_git(),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        load_avg={"before": load_before, "after": _load_avg()},
+    )

@@ -1,0 +1,125 @@
+"""``maxtp bench`` end to end: real child fits, the planted-slowdown gate, exit codes.
+
+The planted slowdown adds 10 ms of sleep to a training step of about 3 ms: several times
+slower (about -80 %), far beyond the 50 % limit. The unchanged job is held to the same baseline
+with the same limit; it fails only if its median falls by half *and* its fastest round is
+slower than the baseline's slowest. Heavy load from other processes moved this machine's
+compute-bound job by up to -43 % against the reference timed beside it, so the limit leaves
+room for that (``benchmarks/bench_gate_cpu.py`` repeats both runs; see its results).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_maxtp.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = "tests/helpers/bench_jobs.py"
+QUICK = ("--steps", "200", "--warmup", "5", "--quiet")
+
+
+def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_maxtp.cli", "bench", *args],
+        capture_output=True, text=True, timeout=400, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+def test_a_planted_slowdown_fails_the_gate_and_the_unchanged_job_passes(tmp_path: Path) -> None:
+    base, common = tmp_path / "base.json", (f"{JOBS}:job", "--configs", "defaults",
+                                            "--rounds", "2", *QUICK)  # fmt: skip
+    done = bench(*common, "--json", str(base))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(base.read_text())
+    assert [(r["config"], r["round"]) for r in record["runs"]] == [("defaults", 1), ("defaults", 2)]
+    assert record["params"]["steps"] == 200 and record["versions"]["lightning"]
+
+    same = bench(*common, "--baseline", str(base), "--max-regression", "0.5")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "maxtp bench gate (ratio, limit -50% beyond the spread): passed" in same.stdout
+
+    md, out = tmp_path / "bench.md", tmp_path / "slow.json"
+    slow = bench(*common, "--baseline", str(base), "--max-regression", "0.5", "--markdown",
+                 str(md), "--json", str(out), env={"MAXTP_TEST_SLOW_MS": "10"})  # fmt: skip
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "REGRESSION defaults steady samples/s per reference sample/s: " in slow.stdout
+    assert "FAILED against" in slow.stdout
+    assert "**REGRESSION**" in md.read_text()
+    gate = json.loads(out.read_text())["gate"]
+    assert not gate["passed"] and gate["checks"][0]["change"] < -0.5
+
+
+def test_named_configs_and_maxtp_run_in_order_and_record_the_tuning(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    done = bench(f"{JOBS}:job_with_configs", "--configs", "narrow,maxtp", "--rounds", "1",
+                 "--steps", "30", "--warmup", "3", "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "maxtp bench: round 1/1 narrow: " in done.stderr  # progress goes to stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["config"] for r in runs] == ["narrow", "maxtp"]
+    assert runs[0]["tuning"] is None and runs[1]["tuning"]["stop_reason"]
+    assert "narrow" in done.stdout and "vs first" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("tests/helpers/bench_jobs.py", "must be FILE.py:FUNCTION or package.module:FUNCTION"),
+        ("tests/helpers/nothing.py:job", "no file 'tests/helpers/nothing.py'"),
+        (f"{JOBS}:missing", "missing does not exist in"),
+    ],
+)
+def test_bad_targets_exit_2_with_one_line(
+    target: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert main(["bench", target, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maxtp bench: error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("function", "env", "message"),
+    [
+        ("raises", {}, "FileNotFoundError: data/train.csv"),
+        ("not_a_job", {}, "returned list; return a dict"),
+        ("job", {"MAXTP_TEST_FAIL_AT": "2"}, "RuntimeError: planted failure at step 2"),
+    ],
+)
+def test_a_job_that_fails_to_build_or_run_exits_2_with_its_last_line(
+    function: str, env: dict[str, str], message: str
+) -> None:
+    done = bench(f"{JOBS}:{function}", "--configs", "defaults", "--rounds", "1", *QUICK, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("maxtp bench: error: ") and message in done.stderr
+    assert "(config defaults, round 1)" in done.stderr
+
+
+def test_bad_options_and_baselines_exit_2_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", f"{JOBS}:job", "--max-regression", "10"])
+    assert exc.value.code == 2 and "must be in (0, 1)" in capsys.readouterr().err
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": "maxtp-ci-bench/1", "cases": {}}))
+    cases = [
+        (["--baseline", str(tmp_path / "none.json")], "no such file; record one with --json"),
+        (["--baseline", str(old)], "is not a maxtp bench result"),
+        (["--configs", "a,a"], "name one configuration twice"),
+        (["--configs", ","], "configs is empty"),
+    ]
+    for args, message in cases:
+        assert main(["bench", f"{JOBS}:job", "--quiet", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
