@@ -44,6 +44,8 @@ def _timer(warmup: int, steps: int) -> Any:
             device = trainer.strategy.root_device
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            elif device.type == "mps":
+                torch.mps.synchronize()
             return time.perf_counter()
 
         def on_train_batch_end(
@@ -51,7 +53,13 @@ def _timer(warmup: int, steps: int) -> Any:
             batch_idx: int,
         ) -> None:  # fmt: skip
             self.batches += 1
-            samples = count_samples(batch)
+            try:
+                samples = count_samples(batch)
+            except TypeError:
+                raise RuntimeError(
+                    f"cannot count the samples in a batch of {type(batch).__name__}: maxtp bench "
+                    "reads the first dimension of the batch's first tensor"
+                ) from None
             self.total_samples += samples
             if self.batches == warmup:
                 self.start = self._now(trainer)
@@ -61,6 +69,20 @@ def _timer(warmup: int, steps: int) -> Any:
                     self.stop = self._now(trainer)
 
     return SteadyTimer()
+
+
+def _kept_callbacks(callbacks: list[Any]) -> tuple[list[Any], list[str]]:
+    """The job's callbacks minus those the bench's Trainer settings refuse or make pointless.
+
+    Checkpoints, logging and validation are off, so Lightning would reject a ``ModelCheckpoint``
+    or a ``LearningRateMonitor``, and an ``EarlyStopping`` could stop the fit before its steps.
+    """
+    from lightning.pytorch import callbacks as cb
+
+    drop = (cb.ModelCheckpoint, cb.LearningRateMonitor, cb.EarlyStopping, cb.ProgressBar,
+            cb.ModelSummary, cb.DeviceStatsMonitor)  # fmt: skip
+    kept = [c for c in callbacks if not isinstance(c, drop)]
+    return kept, [type(c).__name__ for c in callbacks if isinstance(c, drop)]
 
 
 def _has_maxtp(callbacks: list[Any]) -> bool:
@@ -86,16 +108,34 @@ def _tuning(callbacks: list[Any]) -> dict[str, Any] | None:
 
 def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator: str | None,
              root_dir: str) -> dict[str, Any]:  # fmt: skip
-    """Time the reference workload, then ``warmup + steps`` training steps of ``job``."""
+    """Time the reference workload, ``warmup + steps`` training batches of ``job``, the reference.
+
+    Args:
+        job: The job.
+        config: ``defaults``, ``maxtp`` (adds ``MaxThroughputCallback()`` unless the job has
+            one) or the job's own configuration name.
+        steps: Timed training batches.
+        warmup: Untimed batches first.
+        accelerator: Overrides the job's ``accelerator`` unless ``None``.
+        root_dir: The Trainer's ``default_root_dir`` (a temporary folder).
+
+    Returns:
+        The run's record (JSON-safe).
+
+    Raises:
+        BenchTargetError: The job asks for more than one process.
+        RuntimeError: The fit ended before ``warmup + steps`` batches, or its batches hold no
+            tensor to count samples by.
+    """
     import lightning.pytorch as pl
-    import torch
 
     from lightning_maxtp.bench.reference import reference_rate
 
     kwargs = dict(job.trainer_kwargs)
     replaced = sorted(k for k in _REPLACED if k in kwargs)
     timer = _timer(warmup, steps)
-    callbacks = [timer, *list(kwargs.pop("callbacks", None) or [])]
+    own, dropped = _kept_callbacks(list(kwargs.pop("callbacks", None) or []))
+    callbacks = [timer, *own]
     if config == "maxtp" and not _has_maxtp(callbacks):
         from lightning_maxtp.callbacks import MaxThroughputCallback
 
@@ -103,11 +143,14 @@ def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator
     kwargs.setdefault("devices", 1)
     if accelerator is not None:
         kwargs["accelerator"] = accelerator
+    # max_steps counts optimizer steps; the timer counts batches.
+    accumulate = int(kwargs.get("accumulate_grad_batches", 1) or 1)
     kwargs.update(
-        max_steps=warmup + steps, max_epochs=None, min_steps=None, min_epochs=None, max_time=None,
-        limit_val_batches=0, val_check_interval=None, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root_dir, callbacks=callbacks,
+        max_steps=-(-(warmup + steps) // accumulate), max_epochs=None, min_steps=None,
+        min_epochs=None, max_time=None, limit_val_batches=0, val_check_interval=None,
+        num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root_dir,
+        callbacks=callbacks,
     )  # fmt: skip
     trainer = pl.Trainer(**kwargs)
     if trainer.world_size > 1:
@@ -118,7 +161,6 @@ def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator
             "times one device: drop 'devices' from trainer_kwargs or set it to 1"
         )
     device = trainer.strategy.root_device
-    threads = torch.get_num_threads()
     before = reference_rate(device)
     start = time.perf_counter()
     if job.datamodule is not None:
@@ -126,12 +168,8 @@ def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator
     else:
         trainer.fit(job.model, train_dataloaders=job.train_dataloaders)
     fit_s = time.perf_counter() - start
-    # Timed on both sides of the fit, with the threads it started with (the callback may have
-    # changed them), so the reference brackets the minutes the job ran in.
-    tuned_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    # Timed on both sides of the fit, so the reference brackets the minutes the job ran in.
     after = reference_rate(device)
-    torch.set_num_threads(tuned_threads)
     if timer.start is None or timer.stop is None:
         raise RuntimeError(
             f"the fit ended after {timer.batches} of {warmup + steps} steps (--warmup {warmup} "
@@ -152,6 +190,7 @@ def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator
         "steps": steps,
         "warmup_steps": warmup,
         "replaced_trainer_kwargs": replaced,
+        "dropped_callbacks": dropped,
         "tuning": _tuning(callbacks),
     }
 
@@ -175,7 +214,14 @@ def _last_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one timed fit; 0 on success, 2 for a broken target, 3 for a fit that failed."""
+    """Run one timed fit and write its record (or its error) to ``--out``.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 2 for a target that cannot be built, 3 for a fit that failed.
+    """
     parser = argparse.ArgumentParser(prog="python -m lightning_maxtp.bench.child")
     parser.add_argument("--target", required=True)
     parser.add_argument("--config", required=True)
@@ -183,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--accelerator", default=None)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--probe", action="store_true", help="add the machine's description")
     args = parser.parse_args(argv)
     record: dict[str, Any]
     code = 0
@@ -200,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             record = fit_once(job, args.config, steps=args.steps, warmup=args.warmup,
                               accelerator=args.accelerator, root_dir=root)  # fmt: skip
         record["versions"] = _versions()
+        if args.probe:  # here, not in the parent: a probe without NVML may fall back to torch
+            from lightning_maxtp.resources import inspect_resources
+
+            record["machine"] = inspect_resources().to_dict()
     except BenchTargetError as err:
         record, code = {"error": str(err), "stage": "target"}, 2
     except Exception as err:  # the user's job may raise anything: report it

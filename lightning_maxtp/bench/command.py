@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_maxtp.bench.format import format_markdown, format_text
-from lightning_maxtp.bench.gate import GATES, compare
+from lightning_maxtp.bench.gate import GATES, GateResult, compare
+from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
 from lightning_maxtp.bench.run import BenchRunError, run_bench
 from lightning_maxtp.bench.target import BenchTargetError, parse_target
@@ -111,9 +112,15 @@ def _read_baseline(path: Path, steps: int, warmup: int) -> BenchResult:
         raise ValueError(f"--baseline {path}: no such file; record one with --json {path} first")
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"--baseline {path}: not readable JSON ({err})") from None
     baseline = BenchResult.from_dict(data, where=f"--baseline {path}")
+    if baseline.params.get("reference") != REFERENCE:
+        raise ValueError(
+            f"--baseline {path} was timed against the reference workload "
+            f"{baseline.params.get('reference')!r}, this version uses {REFERENCE!r}; record a "
+            "new baseline"
+        )
     for name, value in (("steps", steps), ("warmup", warmup)):
         if baseline.params.get(name) != value:
             raise ValueError(
@@ -123,16 +130,38 @@ def _read_baseline(path: Path, steps: int, warmup: int) -> BenchResult:
     return baseline
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def _check_outputs(*paths: Path | None) -> None:
+    for flag, path in zip(("--json", "--markdown"), paths, strict=True):
+        if path is not None and path.is_dir():
+            raise ValueError(f"{flag} {path} is a folder; give a file name, e.g. {path}/bench.json")
+
+
+def _write(result: BenchResult, gate: GateResult | None, json_out: Path | None,
+           markdown_out: Path | None) -> None:  # fmt: skip
+    record: dict[str, Any] = result.to_dict()
+    if gate is not None:
+        record["gate"] = gate.to_dict()
+    for path, text in ((json_out, json.dumps(record, indent=1) + "\n"),
+                       (markdown_out, format_markdown(result, gate))):  # fmt: skip
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Handle ``maxtp bench``; returns the exit code."""
+    """Handle ``maxtp bench``.
+
+    Args:
+        args: The parsed ``maxtp bench`` arguments.
+
+    Returns:
+        The exit code: 0 passed (or no baseline), 1 a regression, 2 bad arguments or a broken
+        job, 130 interrupted.
+    """
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     try:
         parse_target(args.target)
+        _check_outputs(args.json, args.markdown)
         baseline = None
         if args.baseline is not None:
             baseline = _read_baseline(args.baseline, args.steps, args.warmup)
@@ -144,24 +173,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             accelerator=args.accelerator,
             timeout_s=args.timeout,
-            progress=None if args.quiet else sys.stderr,
+            quiet=args.quiet,
             verbose=args.verbose,
         )
-        gate = None
-        if baseline is not None:
-            gate = compare(result, baseline, args.max_regression, args.gate, f"{args.baseline}")
+    except KeyboardInterrupt:
+        print("maxtp bench: interrupted; nothing written", file=sys.stderr)
+        return 130
     except BenchTargetError as err:
         return _error(str(err))
     except BenchRunError as err:
         return _error(f"{err} (run with --verbose to see the job's output)")
     except ValueError as err:
         return _error(str(err))
-    record: dict[str, Any] = result.to_dict()
-    if gate is not None:
-        record["gate"] = gate.to_dict()
-    if args.json is not None:
-        _write(args.json, json.dumps(record, indent=1) + "\n")
-    if args.markdown is not None:
-        _write(args.markdown, format_markdown(result, gate))
+    gate, problem = None, None
+    if baseline is not None:
+        try:
+            gate = compare(result, baseline, args.max_regression, args.gate, f"{args.baseline}")
+        except ValueError as err:  # measured, but not comparable: keep what was measured
+            problem = str(err)
+    try:
+        _write(result, gate, args.json, args.markdown)
+    except OSError as err:
+        return _error(f"cannot write the result: {err}")
     print(format_text(result, gate), flush=True)
+    if problem is not None:
+        return _error(problem)
     return 0 if gate is None else gate.exit_code

@@ -6,6 +6,7 @@ The Markdown suits a pull-request comment or a GitHub Actions job summary
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from lightning_maxtp.bench.gate import Check, GateResult
@@ -73,7 +74,7 @@ def _header(result: BenchResult) -> str:
 def _reference(result: BenchResult) -> str:
     ref = [float(r["reference_samples_per_s"]) for r in result.runs]
     return (
-        f"reference workload ({result.params.get('reference')}): {sorted(ref)[len(ref) // 2]:,.0f}"
+        f"reference workload ({result.params.get('reference')}): {statistics.median(ref):,.0f}"
         f" samples/s ({min(ref):,.0f}-{max(ref):,.0f} over the runs); 'per reference' is steady "
         "samples/s divided by it"
     )

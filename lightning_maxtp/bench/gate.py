@@ -154,6 +154,11 @@ def compare(
         dict(baseline.machine)
     ):
         notes.append("--gate absolute across different machines: raw samples/s may not compare")
+    if not set(current.configs) & set(baseline.configs):
+        raise ValueError(
+            f"{where} has configs {list(baseline.configs)}, this run {list(current.configs)}: "
+            "nothing to compare; run the baseline's --configs or record a new baseline"
+        )
     checks = []
     for config in current.configs:
         if config not in baseline.configs:

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["REFERENCE", "reference_rate"]
 
-REFERENCE = "conv2-mlp/1"
+REFERENCE = "conv2-mlp/2"
 """Name and version of the workload; a baseline timed with another one is not comparable."""
 
 
@@ -27,7 +27,10 @@ def reference_rate(device: Any, *, chunks: int = 5, chunk_s: float = 0.2) -> flo
     """Samples/s of the reference training step on ``device``: the median of short chunks.
 
     A chunk runs whole steps until ``chunk_s`` has passed; the median ignores a chunk that
-    another process disturbed. One chunk of warm-up comes first and is not counted.
+    another process disturbed. One chunk of warm-up comes first and is not counted. On a CPU it
+    runs on one thread (the process's setting is put back after): on a shared 2-core machine
+    its rate then varied about +-10 % between processes, against +-23 % on two threads, and it
+    still measures how fast the machine's cores are, which is what differs between runners.
 
     Args:
         device: A ``torch.device`` (or its name).
@@ -67,5 +70,11 @@ def reference_rate(device: Any, *, chunks: int = 5, chunk_s: float = 0.2) -> flo
             if elapsed >= chunk_s:
                 return steps * batch / elapsed
 
-    chunk()
-    return statistics.median(chunk() for _ in range(chunks))
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        chunk()
+        return statistics.median(chunk() for _ in range(chunks))
+    finally:
+        torch.set_num_threads(threads)

@@ -127,11 +127,14 @@ class BenchResult:
                 load_avg=dict(data.get("load_avg") or {}),
             )  # fmt: skip
             empty = [c for c in result.configs if not any(r["config"] == c for r in result.runs)]
+            zero = any(float(r["reference_samples_per_s"]) <= 0 for r in result.runs)
             for config in result.configs:
-                if config not in empty:
+                if config not in empty and not zero:
                     result.summary(config)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{where} is an incomplete maxtp bench result ({err!r})") from err
         if empty:
             raise ValueError(f"{where} has no runs of config(s) {empty}")
+        if zero:
+            raise ValueError(f"{where} has a run whose reference rate is not > 0")
         return result

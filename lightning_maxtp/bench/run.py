@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from typing import Any, TextIO
 
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
-from lightning_maxtp.bench.target import BenchTargetError, parse_target
+from lightning_maxtp.bench.target import BenchTargetError, check_function, parse_target
 
 __all__ = ["BenchRunError", "run_bench"]
 
@@ -40,6 +41,9 @@ def _target_text(target: str | Callable[..., Any]) -> str:
             f"target {target!r} must be a module-level function (or a 'FILE.py:FUNCTION' string)"
         )
     if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None and spec.name and spec.name != "__main__":  # python -m pkg.script
+            return f"{spec.name}:{name}"
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         if main_file is None:
             raise BenchTargetError(
@@ -55,12 +59,12 @@ def _check(configs: Sequence[str], steps: int, warmup: int, rounds: int) -> None
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not configs:
-        raise ValueError("configs is empty; give at least one, e.g. defaults,maxtp")
-    bad = [c for c in configs if not c or not c.replace("-", "_").isidentifier()]
+        raise ValueError("configs (--configs) is empty; give at least one, e.g. defaults,maxtp")
+    bad = [c for c in configs if not re.fullmatch(r"[A-Za-z0-9_.-]+", c)]
     if bad:
-        raise ValueError(f"configs {bad} are not names (letters, digits, _ and -)")
+        raise ValueError(f"configs (--configs) {bad}: a name is letters, digits, '_', '.', '-'")
     if len(set(configs)) != len(configs):
-        raise ValueError(f"configs {list(configs)} name one configuration twice")
+        raise ValueError(f"configs (--configs) {list(configs)} name one configuration twice")
 
 
 def _git() -> dict[str, Any]:
@@ -84,12 +88,24 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+def _child_env(env: Mapping[str, str] | None, with_sys_path: bool) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
-    # The child must import this same copy of the package, installed or not.
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), out.get("PYTHONPATH")) if p)
+    # The child must import this same copy of the package, installed or not; and a function
+    # passed as an object, from wherever this process found its module.
+    paths = [str(_PACKAGE_ROOT), *(p for p in sys.path if p and with_sys_path)]
+    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, out.get("PYTHONPATH") or ""]))
+    out["PYTHONPATH"] = out["PYTHONPATH"].rstrip(os.pathsep)
     out.setdefault("PYTHONUNBUFFERED", "1")
     return out
+
+
+def _stderr() -> Any:
+    """This process's stderr for a child to write to (the table keeps stdout to itself)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # a captured stream without a file: the child inherits stdout
+    return sys.stderr
 
 
 def _run_child(
@@ -106,7 +122,7 @@ def _run_child(
         try:
             done = subprocess.run(
                 command, env=env, timeout=timeout_s, check=False, text=True,
-                stdout=None if verbose else sink, stderr=subprocess.STDOUT,
+                stdout=_stderr() if verbose else sink, stderr=subprocess.STDOUT,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             raise BenchRunError(f"{what} did not finish in {timeout_s:.0f} s (--timeout)") from None
@@ -134,7 +150,8 @@ def run_bench(
     accelerator: str | None = None,
     timeout_s: float = 1800.0,
     env: Mapping[str, str] | None = None,
-    progress: TextIO | None = sys.stderr,
+    progress: TextIO | None = None,
+    quiet: bool = False,
     verbose: bool = False,
 ) -> BenchResult:
     """Time ``target``'s job under each configuration, ``rounds`` times, alternating.
@@ -150,25 +167,30 @@ def run_bench(
         accelerator: The Trainer's ``accelerator``; ``None`` keeps the job's (default ``auto``).
         timeout_s: Longest one fit may take.
         env: Environment of the children (default: this process's).
-        progress: Where a line per run goes (``None``: nowhere).
-        verbose: Let the children's own output through (else it is kept back).
+        progress: Where a line per run goes (default: ``sys.stderr``).
+        quiet: No line per run.
+        verbose: Let the children's own output through, to stderr (else it is kept back).
+
+    Returns:
+        Every run's record, the machine (probed in the first child), versions and git state.
 
     Raises:
         ValueError: Bad arguments.
         BenchTargetError: A target that cannot be found, built or called (a ``ValueError``).
         BenchRunError: A fit that failed, crashed or timed out.
     """
-    from lightning_maxtp.resources import inspect_resources
-
     text = _target_text(target)
-    parse_target(text)
     configs = tuple(configs)
     _check(configs, steps, warmup, rounds)
+    check_function(parse_target(text), configs)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    child_env = _child_env(env)
+    if progress is None and not quiet:
+        progress = sys.stderr
+    child_env = _child_env(env, with_sys_path=not isinstance(target, str))
     load_before = _load_avg()
     runs: list[dict[str, Any]] = []
+    machine: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as tmp:
         for r in range(1, rounds + 1):
             for config in configs:
@@ -178,12 +200,15 @@ def run_bench(
                            "--out", str(out)]  # fmt: skip
                 if accelerator is not None:
                     command += ["--accelerator", accelerator]
+                if not runs:
+                    command.append("--probe")
                 what = f"{text} (config {config}, round {r})"
                 record = _run_child(command, out, child_env, timeout_s=timeout_s,
                                     verbose=verbose, what=what)  # fmt: skip
                 record["round"] = r
+                machine = record.pop("machine", machine)
                 runs.append(record)
-                if progress is not None:
+                if progress is not None and not quiet:
                     print(
                         f"maxtp bench: round {r}/{rounds} {config}: "
                         f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
@@ -204,7 +229,7 @@ def run_bench(
             "device": runs[-1]["device"],
         },
         runs=tuple(runs),
-        machine=inspect_resources().to_dict(),
+        machine=machine,
         versions=versions,
         git=_git(),
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),

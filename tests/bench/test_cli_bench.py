@@ -63,10 +63,23 @@ def test_named_configs_and_maxtp_run_in_order_and_record_the_tuning(tmp_path: Pa
                  "--steps", "30", "--warmup", "3", "--json", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "maxtp bench: round 1/1 narrow: " in done.stderr  # progress goes to stderr
-    runs = json.loads(out.read_text())["runs"]
+    record = json.loads(out.read_text())
+    runs = record["runs"]
     assert [r["config"] for r in runs] == ["narrow", "maxtp"]
     assert runs[0]["tuning"] is None and runs[1]["tuning"]["stop_reason"]
     assert "narrow" in done.stdout and "vs first" in done.stdout
+    assert record["machine"]["cpu"]["effective"] >= 1  # probed in the first child
+
+    # A baseline of other configs: measured anyway, written, then exit 2 (not a silent pass).
+    other = {**record, "configs": ["wide"], "runs": [{**runs[0], "config": "wide"}]}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    again = tmp_path / "again.json"
+    done = bench(f"{JOBS}:job_with_configs", "--configs", "narrow", "--rounds", "1", "--steps",
+                 "30", "--warmup", "3", "--quiet", "--json", str(again), "--baseline",
+                 str(tmp_path / "other.json"))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "nothing to compare" in done.stderr and done.stderr.count("\n") == 1
+    assert json.loads(again.read_text())["runs"][0]["config"] == "narrow"
 
 
 @pytest.mark.parametrize(
@@ -75,6 +88,7 @@ def test_named_configs_and_maxtp_run_in_order_and_record_the_tuning(tmp_path: Pa
         ("tests/helpers/bench_jobs.py", "must be FILE.py:FUNCTION or package.module:FUNCTION"),
         ("tests/helpers/nothing.py:job", "no file 'tests/helpers/nothing.py'"),
         (f"{JOBS}:missing", "missing does not exist in"),
+        ("tests/helpers:job", "is not a .py file"),
     ],
 )
 def test_bad_targets_exit_2_with_one_line(
@@ -113,11 +127,16 @@ def test_bad_options_and_baselines_exit_2_before_anything_runs(
     assert exc.value.code == 2 and "must be in (0, 1)" in capsys.readouterr().err
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": "maxtp-ci-bench/1", "cases": {}}))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
     cases = [
+        (["--baseline", str(binary)], f"--baseline {binary}: not readable JSON"),
+        (["--json", str(tmp_path)], "is a folder; give a file name"),
+        (["--configs", "defaults,bf16"], "add `config: str` to job()"),
         (["--baseline", str(tmp_path / "none.json")], "no such file; record one with --json"),
         (["--baseline", str(old)], "is not a maxtp bench result"),
         (["--configs", "a,a"], "name one configuration twice"),
-        (["--configs", ","], "configs is empty"),
+        (["--configs", ","], "configs (--configs) is empty"),
     ]
     for args, message in cases:
         assert main(["bench", f"{JOBS}:job", "--quiet", *args]) == 2

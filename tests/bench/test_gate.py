@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from lightning_maxtp.bench import BenchResult, compare, format_markdown, format_text
+from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import SCHEMA, Spread
 
 
@@ -24,7 +25,7 @@ def _result(rates: dict[str, list[float]], reference: float = 1000.0, **params: 
     return BenchResult(
         target="train.py:job", configs=tuple(rates),
         params={"steps": 100, "warmup": 10, "rounds": 3, "accelerator": "auto",
-                "reference": "conv2-mlp/1", "device": "cpu", **params},
+                "reference": REFERENCE, "device": "cpu", **params},
         runs=tuple(runs), machine={"hostname": "ci", "cpu": {"effective": 2}, "gpus": []},
         versions={"torch": "2.x"}, git={"commit": "abc123def456", "dirty": False},
     )  # fmt: skip
@@ -109,3 +110,12 @@ def test_tables_show_every_config_and_the_verdict() -> None:
     assert "| maxtp | 150.0 | 1.3% | " in md and "- **REGRESSION** defaults steady" in md
     assert "commit abc123def4" in md
     assert format_markdown(BASE).startswith("### maxtp bench `train.py:job`\n")
+
+
+def test_a_baseline_without_this_run_s_configs_or_with_a_zero_reference_is_refused() -> None:
+    with pytest.raises(ValueError, match="nothing to compare"):
+        compare(_result({"bf16": [100.0]}), BASE)
+    broken = BASE.to_dict()
+    broken["runs"][0]["reference_samples_per_s"] = 0.0
+    with pytest.raises(ValueError, match="reference rate is not > 0"):
+        BenchResult.from_dict(broken)

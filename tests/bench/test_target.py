@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_maxtp.bench import BenchJob, BenchTargetError
-from lightning_maxtp.bench.target import as_job, load_job, parse_target
+from lightning_maxtp.bench.target import as_job, check_function, load_job, parse_target
 from tests.helpers.bench_jobs import ComputeNet
 
 JOBS = Path(__file__).resolve().parents[1] / "helpers" / "bench_jobs.py"
@@ -21,6 +21,7 @@ JOBS = Path(__file__).resolve().parents[1] / "helpers" / "bench_jobs.py"
         (":job", "must be FILE.py:FUNCTION"),
         ("train.py:", "must be FILE.py:FUNCTION"),
         ("nowhere/train.py:job", "no file 'nowhere/train.py'"),
+        ("tests/helpers:job", "'tests/helpers' is not a .py file"),
         ("my-pkg.jobs:job", "is neither a .py file nor a module name"),
         (f"{JOBS}:not-a-name", "'not-a-name' is not a Python function name"),
     ],
@@ -110,5 +111,34 @@ def test_a_job_on_several_devices_is_refused_before_it_trains(tmp_path: Path) ->
 
     job = BenchJob(ComputeNet(), train_dataloaders=DataLoader(list(range(4))),
                    trainer_kwargs={"accelerator": "cpu", "devices": 2})  # fmt: skip
-    with pytest.raises(BenchTargetError, match="make 2 processes .*set it to 1"):
+    with pytest.raises(BenchTargetError, match=r"make 2 processes .*set it to 1"):
         fit_once(job, "defaults", steps=5, warmup=1, accelerator=None, root_dir=str(tmp_path))
+
+
+def test_check_function_reads_the_file_without_importing_it() -> None:
+    target = parse_target(f"{JOBS}:job")
+    check_function(target, ("defaults", "maxtp"))
+    check_function(parse_target(f"{JOBS}:job_with_configs"), ("narrow",))
+    check_function(parse_target(f"{JOBS}:NOT_CALLABLE"), ("defaults",))  # the child says more
+    with pytest.raises(BenchTargetError, match="missing does not exist in"):
+        check_function(parse_target(f"{JOBS}:missing"), ("defaults",))
+    with pytest.raises(BenchTargetError, match=r"add `config: str` to job\(\)"):
+        check_function(target, ("defaults", "bf16"))
+
+
+def test_the_job_s_logging_and_checkpoint_callbacks_are_dropped(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    from lightning_maxtp.bench.child import fit_once
+    from tests.helpers.bench_jobs import _loader
+
+    callbacks = [ModelCheckpoint(), LearningRateMonitor()]
+    job = BenchJob(ComputeNet(64), train_dataloaders=_loader(8), trainer_kwargs={
+        "accelerator": "cpu", "callbacks": callbacks, "accumulate_grad_batches": 2,
+        "max_epochs": 3, "logger": True})  # fmt: skip
+    record = fit_once(job, "defaults", steps=6, warmup=2, accelerator=None, root_dir=str(tmp_path))
+    assert record["dropped_callbacks"] == ["ModelCheckpoint", "LearningRateMonitor"]
+    assert record["replaced_trainer_kwargs"] == ["logger", "max_epochs"]
+    # batches are counted, although max_steps counts optimizer steps (2 batches each)
+    assert record["steady_samples"] == 6 * 8 and record["fit_samples"] == 8 * 8
+    assert record["reference_samples_per_s"] > 0 and record["tuning"] is None
