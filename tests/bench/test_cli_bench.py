@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_maxtp.bench import BenchResult
+from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,28 +60,28 @@ def test_a_planted_slowdown_fails_the_gate_and_the_unchanged_job_passes(tmp_path
 
 
 def test_named_configs_and_maxtp_run_in_order_and_record_the_tuning(tmp_path: Path) -> None:
+    # A baseline of other configs: the run is measured and written, then exits 2 (not a pass).
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(BenchResult(
+        target="x.py:job", configs=("wide",), params={"steps": 30, "warmup": 3,
+        "reference": REFERENCE, "device": "cpu"}, runs=({"config": "wide", "round": 1,
+        "reference_samples_per_s": 1.0, "steady_samples_per_s": 1.0, "fit_samples_per_s": 1.0,
+        "fit_seconds": 1.0},),
+    ).to_dict()))  # fmt: skip
     out = tmp_path / "r.json"
     done = bench(f"{JOBS}:job_with_configs", "--configs", "narrow,maxtp", "--rounds", "1",
-                 "--steps", "30", "--warmup", "3", "--json", str(out))  # fmt: skip
-    assert done.returncode == 0, done.stderr
+                 "--steps", "30", "--warmup", "3", "--json", str(out), "--baseline",
+                 str(other))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
     assert "maxtp bench: round 1/1 narrow: " in done.stderr  # progress goes to stderr
+    assert done.stderr.splitlines()[-1].startswith("maxtp bench: error: ")
+    assert "nothing to compare" in done.stderr.splitlines()[-1]
     record = json.loads(out.read_text())
     runs = record["runs"]
     assert [r["config"] for r in runs] == ["narrow", "maxtp"]
     assert runs[0]["tuning"] is None and runs[1]["tuning"]["stop_reason"]
     assert "narrow" in done.stdout and "vs first" in done.stdout
     assert record["machine"]["cpu"]["effective"] >= 1  # probed in the first child
-
-    # A baseline of other configs: measured anyway, written, then exit 2 (not a silent pass).
-    other = {**record, "configs": ["wide"], "runs": [{**runs[0], "config": "wide"}]}
-    (tmp_path / "other.json").write_text(json.dumps(other))
-    again = tmp_path / "again.json"
-    done = bench(f"{JOBS}:job_with_configs", "--configs", "narrow", "--rounds", "1", "--steps",
-                 "30", "--warmup", "3", "--quiet", "--json", str(again), "--baseline",
-                 str(tmp_path / "other.json"))  # fmt: skip
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "nothing to compare" in done.stderr and done.stderr.count("\n") == 1
-    assert json.loads(again.read_text())["runs"][0]["config"] == "narrow"
 
 
 @pytest.mark.parametrize(
