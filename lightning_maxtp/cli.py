@@ -10,9 +10,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from lightning_maxtp import __version__
 from lightning_maxtp._units import GIB
+from lightning_maxtp.bench.gate import GATES
 
 
 def _positive(what: str) -> Callable[[str], float]:
@@ -180,6 +182,72 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pack.set_defaults(handler=_cmd_pack)
 
 
+def _share(text: str) -> float:
+    """An argparse type for a share in (0, 1), such as ``--max-regression 0.10``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.10, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), e.g. 0.10 for 10 %, got {text!r}")
+    return value
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from lightning_maxtp.bench.command import cmd_bench
+
+    return cmd_bench(args)
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="time your training job (defaults vs MaxThroughputCallback) and gate on a baseline",
+        description="Time the training job TARGET returns, once per configuration per round, "
+        "each run in a fresh process, rounds alternating. Records steady samples/s after "
+        "warm-up, the whole fit's wall-clock and their spread, next to a small reference "
+        "workload timed in the same process. With --baseline it exits 1 when a metric fell by "
+        "more than --max-regression and beyond the measured spread.",
+        epilog="TARGET: FILE.py:FUNCTION or package.module:FUNCTION; the function returns a dict "
+        "(or lightning_maxtp.bench.BenchJob) with 'model' (a LightningModule), 'datamodule' or "
+        "'train_dataloaders', and optionally 'trainer_kwargs'. Exit codes: 0 passed, 1 "
+        "regression, 2 bad arguments or a broken job.",
+    )
+    bench.add_argument("target", metavar="TARGET", help="FILE.py:FUNCTION or module:FUNCTION")
+    bench.add_argument("--steps", type=_positive_int, default=100, help="timed steps per fit (100)")
+    bench.add_argument("--warmup", type=_positive_int, default=10, help="untimed steps first (10)")
+    bench.add_argument("--rounds", type=_positive_int, default=3, help="runs of each config (3)")
+    bench.add_argument(
+        "--configs",
+        default="defaults,maxtp",
+        help="comma-separated: defaults (the job as written), maxtp (with "
+        "MaxThroughputCallback()), or names your job function takes as `config` "
+        "(default: defaults,maxtp)",
+    )
+    bench.add_argument(
+        "--accelerator", default=None, help="Trainer accelerator (default: the job's, or auto)"
+    )
+    bench.add_argument("--json", type=Path, default=None, help="write the result (a baseline)")
+    bench.add_argument("--markdown", type=Path, default=None, help="write a Markdown report")
+    bench.add_argument("--baseline", type=Path, default=None, help="a result to gate against")
+    bench.add_argument(
+        "--max-regression", type=_share, default=0.10, help="tolerated fall (default: 0.10)"
+    )
+    bench.add_argument(
+        "--gate",
+        choices=GATES,
+        default="ratio",
+        help="ratio: per reference workload, travels between machines (default); absolute: "
+        "raw samples/s, same machine only",
+    )
+    bench.add_argument(
+        "--timeout", type=_positive_seconds, default=1800.0, help="seconds one fit may take (1800)"
+    )
+    bench.add_argument("--verbose", action="store_true", help="show the job's own output")
+    bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    bench.set_defaults(handler=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -227,9 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--json", action="store_true", help="print machine-readable JSON")
     tri.set_defaults(handler=_cmd_triage)
     _add_pack(sub)
-    from lightning_maxtp.bench.command import add_bench_parser
-
-    add_bench_parser(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -1,4 +1,6 @@
-"""The ``maxtp bench`` subcommand: parse, run, write the files, gate, pick the exit code.
+"""The ``maxtp bench`` subcommand's handler: run, write the files, gate, pick the exit code.
+
+Its parser is in ``lightning_maxtp.cli``, beside the other subcommands'.
 
 Exit codes: 0 no regression (or no baseline given), 1 a regression, 2 bad arguments or a job
 that fails to build or run (one line on stderr).
@@ -13,93 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from lightning_maxtp.bench.format import format_markdown, format_text
-from lightning_maxtp.bench.gate import GATES, GateResult, compare
+from lightning_maxtp.bench.gate import GateResult, compare
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
 from lightning_maxtp.bench.run import BenchRunError, run_bench
 from lightning_maxtp.bench.target import BenchTargetError, parse_target
 
-__all__ = ["add_bench_parser", "cmd_bench"]
-
-
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 0.10, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), e.g. 0.10 for 10 %, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``bench`` to the ``maxtp`` subcommands."""
-    bench = sub.add_parser(
-        "bench",
-        help="time your training job (defaults vs MaxThroughputCallback) and gate on a baseline",
-        description="Time the training job TARGET returns, once per configuration per round, "
-        "each run in a fresh process, rounds alternating. Records steady samples/s after "
-        "warm-up, the whole fit's wall-clock and their spread, next to a small reference "
-        "workload timed in the same process. With --baseline it exits 1 when a metric fell by "
-        "more than --max-regression and beyond the measured spread.",
-        epilog="TARGET: FILE.py:FUNCTION or package.module:FUNCTION; the function returns a dict "
-        "(or lightning_maxtp.bench.BenchJob) with 'model' (a LightningModule), 'datamodule' or "
-        "'train_dataloaders', and optionally 'trainer_kwargs'. Exit codes: 0 passed, 1 "
-        "regression, 2 bad arguments or a broken job.",
-    )
-    bench.add_argument("target", metavar="TARGET", help="FILE.py:FUNCTION or module:FUNCTION")
-    bench.add_argument("--steps", type=_whole, default=100, help="timed steps per fit (100)")
-    bench.add_argument("--warmup", type=_whole, default=10, help="untimed steps first (10)")
-    bench.add_argument("--rounds", type=_whole, default=3, help="runs of each config (3)")
-    bench.add_argument(
-        "--configs",
-        default="defaults,maxtp",
-        help="comma-separated: defaults (the job as written), maxtp (with "
-        "MaxThroughputCallback()), or names your job function takes as `config` "
-        "(default: defaults,maxtp)",
-    )
-    bench.add_argument(
-        "--accelerator", default=None, help="Trainer accelerator (default: the job's, or auto)"
-    )
-    bench.add_argument("--json", type=Path, default=None, help="write the result (a baseline)")
-    bench.add_argument("--markdown", type=Path, default=None, help="write a Markdown report")
-    bench.add_argument("--baseline", type=Path, default=None, help="a result to gate against")
-    bench.add_argument(
-        "--max-regression", type=_share, default=0.10, help="tolerated fall (default: 0.10)"
-    )
-    bench.add_argument(
-        "--gate",
-        choices=GATES,
-        default="ratio",
-        help="ratio: per reference workload, travels between machines (default); absolute: "
-        "raw samples/s, same machine only",
-    )
-    bench.add_argument(
-        "--timeout", type=_seconds, default=1800.0, help="seconds one fit may take (1800)"
-    )
-    bench.add_argument("--verbose", action="store_true", help="show the job's own output")
-    bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    bench.set_defaults(handler=cmd_bench)
+__all__ = ["cmd_bench"]
 
 
 def _error(message: str) -> int:

@@ -92,9 +92,8 @@ def _child_env(env: Mapping[str, str] | None, with_sys_path: bool) -> dict[str, 
     out = dict(os.environ if env is None else env)
     # The child must import this same copy of the package, installed or not; and a function
     # passed as an object, from wherever this process found its module.
-    paths = [str(_PACKAGE_ROOT), *(p for p in sys.path if p and with_sys_path)]
-    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, out.get("PYTHONPATH") or ""]))
-    out["PYTHONPATH"] = out["PYTHONPATH"].rstrip(os.pathsep)
+    paths = [str(_PACKAGE_ROOT), *(sys.path if with_sys_path else []), out.get("PYTHONPATH", "")]
+    out["PYTHONPATH"] = os.pathsep.join(p for p in dict.fromkeys(paths) if p)
     out.setdefault("PYTHONUNBUFFERED", "1")
     return out
 
