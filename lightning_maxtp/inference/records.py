@@ -130,7 +130,12 @@ class WorkerStats:
 
 @dataclass(frozen=True)
 class InferenceStats:
-    """One ``map``/``imap`` run: throughput, per-worker counts, retries and errors."""
+    """One ``map``/``imap`` run: throughput, per-worker counts, retries and errors.
+
+    Two rates, both labelled: ``items_per_s`` is end to end (what the caller waited, start-up
+    included when this run paid it: workers spawning, models building), ``steady_items_per_s``
+    counts only the items finished after the first output came back, over the time after it.
+    """
 
     items: int
     """Inputs pulled from the iterable."""
@@ -140,13 +145,27 @@ class InferenceStats:
     retries: int
     """Batches sent again because their worker died."""
     elapsed_s: float
-    """From the first batch sent to a worker (model start-up excluded) to the end of the run."""
+    """From the ``map``/``imap`` call (the pool's start, for its first run) to the end."""
     workers: tuple[WorkerStats, ...]
+    startup_s: float = 0.0
+    """Part of ``elapsed_s`` before the first output: start-up plus the first batch."""
+    steady_items: int = 0
+    """Items finished (output or error) after the first output."""
+    steady_s: float = 0.0
+    """Seconds from the first output to the end."""
+    mode: str = "processes"
+    """Where the batches ran: ``processes``, ``inline`` (the calling process), both (``inline
+    then processes``), or ``ray``."""
 
     @property
     def items_per_s(self) -> float:
-        """Inputs finished (output or error) per second of the run."""
+        """End to end: inputs finished (output or error) per second, start-up included."""
         return (self.outputs + len(self.errors)) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def steady_items_per_s(self) -> float:
+        """Steady: items finished after the first output, per second after it."""
+        return self.steady_items / self.steady_s if self.steady_s > 0 else 0.0
 
     @property
     def per_device(self) -> dict[str, int]:
@@ -164,7 +183,12 @@ class InferenceStats:
             "errors": [e.to_dict() for e in self.errors],
             "retries": self.retries,
             "elapsed_s": self.elapsed_s,
+            "startup_s": self.startup_s,
             "items_per_s": self.items_per_s,
+            "steady_items": self.steady_items,
+            "steady_s": self.steady_s,
+            "steady_items_per_s": self.steady_items_per_s,
+            "mode": self.mode,
             "per_device": self.per_device,
             "workers": [w.to_dict() for w in self.workers],
         }
@@ -173,9 +197,10 @@ class InferenceStats:
         devices = ", ".join(f"{d} {n}" for d, n in self.per_device.items())
         restarts = sum(w.restarts for w in self.workers)
         return (
-            f"inference: {self.items} items in {self.elapsed_s:.2f} s "
-            f"({self.items_per_s:.1f} items/s), {self.outputs} outputs, {len(self.errors)} "
-            f"errors, {self.retries} retried batches, {restarts} worker restarts; "
-            f"per device: {devices or 'none'}; per worker: "
+            f"inference ({self.mode}): {self.items} items in {self.elapsed_s:.2f} s, "
+            f"end to end {self.items_per_s:.1f} items/s (start-up and first batch "
+            f"{self.startup_s:.2f} s), steady {self.steady_items_per_s:.1f} items/s; "
+            f"{self.outputs} outputs, {len(self.errors)} errors, {self.retries} retried "
+            f"batches, {restarts} worker restarts; per device: {devices or 'none'}; per worker: "
             + ", ".join(f"#{w.worker_id} {w.items}" for w in self.workers)
         )
