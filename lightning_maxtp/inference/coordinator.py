@@ -8,7 +8,7 @@ import multiprocessing
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -107,6 +107,10 @@ class Run:
         max_retries: int,
         progress: bool,
         start_timeout_s: float,
+        offset: int = 0,
+        started: float | None = None,
+        on_message: Callable[[Run, Slot, tuple[Any, ...]], None] | None = None,
+        watch: Callable[[Run], None] | None = None,
     ) -> None:
         self.slots = slots
         self.payload = payload
@@ -120,24 +124,50 @@ class Run:
         self.open: dict[int, Batch] = {}
         self.todo: deque[Batch] = deque()
         self.done: dict[int, tuple[bool, Any, Batch]] = {}
-        self.pulled = self.outputs = self.retries = 0
+        self.pulled = self.outputs = self.retries = self.first_count = 0
         self.errors: list[ItemError] = []
         self.items = [0] * len(slots)
         self.batches = [0] * len(slots)
         self.restarts0 = [s.restarts for s in slots]
-        self.started = time.monotonic()
+        self.started = started or time.monotonic()
         self.first_sent: float | None = None
+        self.first_result: float | None = None
         self.finished: float | None = None
         self._last_progress = self.started
+        self.offset = offset
+        self.on_message = on_message
+        self.watch = watch
+        self.stop_pulling = False
+        """Set (by ``watch``) to pull nothing more: the run ends once its open batches are back,
+        leaving the rest of the input in the iterator."""
+        self.search: dict[str, Any] | None = None
+        """Batch-size search options for the next batch sent (sent once, then cleared)."""
+
+    @property
+    def finished_items(self) -> int:
+        """Items back from the workers (outputs and errors)."""
+        return self.outputs + len(self.errors)
+
+    def add_slot(self, slot: Slot) -> None:
+        """Count a slot started during the run (more model copies once memory was measured)."""
+        self.slots.append(slot)
+        self.items.append(0)
+        self.batches.append(0)
+        self.restarts0.append(slot.restarts)
 
     def stats(self) -> InferenceStats:
         """Counts so far (final once the run has ended)."""
+        end = self.finished or time.monotonic()
+        first = self.first_result
         return InferenceStats(
             items=self.pulled,
             outputs=self.outputs,
             errors=tuple(sorted(self.errors, key=lambda e: e.index)),
             retries=self.retries,
-            elapsed_s=(self.finished or time.monotonic()) - (self.first_sent or self.started),
+            elapsed_s=end - self.started,
+            startup_s=(first or end) - self.started,
+            steady_items=self.finished_items - self.first_count,
+            steady_s=end - first if first is not None else 0.0,
             workers=tuple(
                 WorkerStats(
                     s.worker_id, s.spec.device, self.items[i], self.batches[i],
@@ -156,14 +186,16 @@ class Run:
         self.todo.clear()
         self.done.clear()
 
-    def results(self, iterator: Iterator[Any], *, ordered: bool) -> Iterator[Any]:
+    def results(  # noqa: PLR0912 - one loop: pull, send, hand over in order, wait
+        self, iterator: Iterator[Any], *, ordered: bool
+    ) -> Iterator[Any]:
         """The generator behind ``imap``."""
-        source = enumerate(iterator)
+        source = enumerate(iterator, start=self.offset)
         exhausted = False
-        next_index = 0
+        next_index = self.offset
         try:
             while True:
-                while not exhausted and len(self.open) < self.max_in_flight:
+                while not (exhausted or self.stop_pulling) and len(self.open) < self.max_in_flight:
                     entries = list(itertools.islice(source, self.batch_size))
                     exhausted = len(entries) < self.batch_size
                     if entries:
@@ -185,9 +217,13 @@ class Run:
                         yield value
                     elif self.on_error == "raise":
                         raise InferenceError(value)
-                if exhausted and not self.open:
+                if (exhausted or self.stop_pulling) and not self.open:
                     break
+                if not (exhausted or self.stop_pulling) and len(self.open) < self.max_in_flight:
+                    continue  # outputs were handed over: pull and send more before waiting
                 self._pump()
+                if self.watch is not None:
+                    self.watch(self)
         finally:
             self.abandon()
             if self.progress:
@@ -204,10 +240,12 @@ class Run:
             slot = min(free, key=lambda s: len(s.assigned))
             batch = self.todo.popleft()
             assert slot.conn is not None
+            search, self.search = self.search, None
             try:
-                send(slot.conn, ("batch", batch.id, batch.entries))
+                send(slot.conn, ("batch", batch.id, batch.entries, search))
             except OSError:
                 self.todo.appendleft(batch)
+                self.search = search
                 slot.ready = False  # dead: its sentinel fires and _pump replaces it
                 continue
             slot.assigned[batch.id] = batch
@@ -260,6 +298,8 @@ class Run:
                 )
             elif kind == "result":
                 self._collect(slot, message[1], message[2], message[3])
+            elif self.on_message is not None:
+                self.on_message(self, slot, message)
         return False
 
     def _collect(
@@ -273,6 +313,8 @@ class Run:
         self.batches[slot.worker_id] += 1
         self.outputs += len(outputs)
         self.errors += errors
+        if self.first_result is None:
+            self.first_result, self.first_count = time.monotonic(), self.finished_items
         for index, output in outputs:
             self.done[index] = (True, output, batch)
         for error in errors:

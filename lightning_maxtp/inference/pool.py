@@ -11,36 +11,48 @@ pipe per worker the coordinator always knows which batches a dead worker held.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
 from types import TracebackType
 from typing import Any
 
 from lightning_maxtp._log import prefixed
-from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
+from lightning_maxtp.inference.adapt import PROBE_BATCH, Adaptive
+from lightning_maxtp.inference.arguments import check_arguments, check_picklable
+from lightning_maxtp.inference.coordinator import Run, Slot, stop_slots
+from lightning_maxtp.inference.measured import MeasuredRun
 from lightning_maxtp.inference.plan import Devices, plan_workers
 from lightning_maxtp.inference.records import InferencePlan, InferenceStats
 from lightning_maxtp.resources.probe import Resources, inspect_resources
 
 log = logging.getLogger(__name__)
 
-ON_ERROR = ("raise", "skip", "return")
-PRECISIONS = ("auto", "32", "fp32", "bf16", "fp16")
 
-
-class BatchInferencePool:
-    """Run ``model_factory()`` in worker processes and map batches of items through it.
+class BatchInferencePool(Adaptive):
+    """Run ``model_factory()`` on every usable device and map batches of items through it.
 
     Example::
 
-        with BatchInferencePool(build_model, load=read_image, batch_size=256) as pool:
+        with BatchInferencePool(build_model, load=read_image, batch_size="auto") as pool:
             for logits in pool.imap(paths):
                 ...
+        print(pool.plan)   # where it ran, the batch size, and why
+        print(pool.stats)  # end-to-end and steady items/s
 
     Every input yields exactly one output or one error (with its index): outputs come back in
     input order (``map``, ``imap(ordered=True)``) and a worker that dies is replaced, its batches
     sent again (at most ``max_retries`` times each). Leaving the context stops every worker.
+
+    Where it runs (``mode="auto"``): on GPUs, one spawned worker process per model copy. On a
+    CPU the pool measures instead of guessing: it runs the first batches in the calling process
+    (a plain batched loop, loading overlapped), and starts worker processes only when the rest
+    of the input is long enough to pay for trying them, keeping them only if they are measurably
+    faster (``pool.plan.decisions`` says what it measured). So a short job is never slower than
+    a plain loop over the same items.
 
     Args:
         model_factory: Builds the model in each worker (``nn.Module``s are moved to the device
@@ -49,10 +61,13 @@ class BatchInferencePool:
             (lightning) out of that module's top level if start-up time matters.
         devices: ``"auto"`` (free GPUs, else the CPU), ``"cpu"``, ``"cuda"`` (free GPUs or an
             error), a GPU ordinal or a list of them.
-        workers_per_device: Model copies per device; ``"auto"``: from ``model_bytes`` on GPUs
-            (``(free - headroom) // model_bytes``, capped at 4; 1 without ``model_bytes``), one
+        workers_per_device: Model copies per device; ``"auto"``: on GPUs from memory (the first
+            copy on each GPU measures what it holds after a batch, then ``(free - 2.5 GiB) //
+            that`` copies run, at most 4; or from ``model_bytes`` when given), one
             single-threaded process per core on the CPU (at most 8, then more threads each).
-        batch_size: Items per forward call.
+        batch_size: Items per forward call, or ``"auto"``: the fastest batch, searched on the
+            first items (doubling to the memory ceiling, then the smallest size within 3 % of the
+            best items/s, 10 % under the ceiling), reported in ``pool.plan``.
         load: Runs on each item in the worker's I/O threads (e.g. read and decode a file).
         preprocess: Runs on each loaded item in the same threads (e.g. resize, to tensor).
         collate: Builds the model's input from a list of items (default: stack tensors).
@@ -67,9 +82,14 @@ class BatchInferencePool:
         max_retries: Times a batch is sent again after its worker died; then its items fail
             with stage ``"worker"``.
         progress: Log items/s per device every few seconds, and the final stats.
-        model_bytes: Device memory one worker needs, for ``workers_per_device="auto"``.
+        model_bytes: Device memory one worker needs, for ``workers_per_device="auto"`` (skips
+            the measurement).
         resources: A probe result to plan from (default: ``inspect_resources()``).
         start_timeout_s: Seconds to wait for the first worker to build its model.
+        mode: ``"auto"`` (measured on a CPU, processes on GPUs), ``"processes"`` (always worker
+            processes) or ``"inline"`` (always the calling process, on the plan's first device).
+        backend: ``"local"`` (this machine) or ``"ray"`` (Ray actors across the cluster
+            ``ray.init()`` connected to; needs ``pip install 'lightning-maxtp[ray]'``).
 
     Raises:
         ValueError: For an argument out of range or a callable that cannot be pickled.
@@ -81,7 +101,7 @@ class BatchInferencePool:
         *,
         devices: Devices = "auto",
         workers_per_device: int | str = "auto",
-        batch_size: int = 64,
+        batch_size: int | str = 64,
         load: Callable[[Any], Any] | None = None,
         preprocess: Callable[[Any], Any] | None = None,
         collate: Callable[[list[Any]], Any] | None = None,
@@ -94,17 +114,14 @@ class BatchInferencePool:
         model_bytes: int | None = None,
         resources: Resources | None = None,
         start_timeout_s: float = 600.0,
+        mode: str = "auto",
+        backend: str = "local",
     ) -> None:
-        _check_int("batch_size", batch_size, 1)
-        _check_int("max_retries", max_retries, 0)
-        if max_in_flight is not None:
-            _check_int("max_in_flight", max_in_flight, 1)
-        if on_error not in ON_ERROR:
-            raise ValueError(f"`on_error` must be one of {ON_ERROR}, got {on_error!r}")
-        if str(precision) not in PRECISIONS:
-            raise ValueError(f"`precision` must be one of {PRECISIONS}, got {precision!r}")
-        if start_timeout_s <= 0:
-            raise ValueError(f"`start_timeout_s` must be > 0, got {start_timeout_s!r}")
+        check_arguments(
+            batch_size=batch_size, max_retries=max_retries, max_in_flight=max_in_flight,
+            on_error=on_error, precision=precision, mode=mode, backend=backend,
+            start_timeout_s=start_timeout_s,
+        )  # fmt: skip
         config = {
             "model_factory": model_factory,
             "load": load,
@@ -115,24 +132,56 @@ class BatchInferencePool:
         for name, fn in config.items():
             if name != "precision" and fn is not None and not callable(fn):
                 raise ValueError(f"`{name}` must be callable or None, got {fn!r}")
-            _check_picklable(name, fn)
+            check_picklable(name, fn)
+        self._config = config
+        self.batch_choice: dict[str, Any] | None = None
+        """What ``batch_size="auto"`` measured (``InferenceBatchChoice.to_dict()``), once run."""
+        self._io_threads = io_threads
         self._payload = pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
-        self.plan: InferencePlan = plan_workers(
-            resources or inspect_resources(),
-            devices=devices,
-            workers_per_device=workers_per_device,
-            model_bytes=model_bytes,
-            io_threads=io_threads,
+        self._ray: Any = None
+        self._free: dict[int, int | None] = {}
+        self._cores = 1
+        self._grow = False
+        self._auto_batch = batch_size == "auto"
+        self.batch_size = PROBE_BATCH if self._auto_batch else int(batch_size)
+        """Items per batch now (with ``"auto"``: the probe size until the search has run)."""
+        if backend == "ray":
+            from lightning_maxtp.inference.ray_backend import RayBackend
+
+            self._ray = RayBackend(
+                config, devices=devices, workers_per_device=workers_per_device,
+                io_threads=io_threads, max_retries=max_retries,
+            )  # fmt: skip
+            plan = dataclasses.replace(self._ray.plan, mode="ray")
+        else:
+            resources = resources or inspect_resources()
+            plan = plan_workers(
+                resources, devices=devices, workers_per_device=workers_per_device,
+                model_bytes=model_bytes, io_threads=io_threads,
+            )  # fmt: skip
+            self._free = {g.index: g.memory_free_bytes for g in resources.gpus}
+            self._cores = max(1, resources.cpu.effective)
+            cpu_only = plan.devices == ("cpu",)
+            if mode == "auto":
+                mode = "measured" if cpu_only and workers_per_device == "auto" else "processes"
+            gpu_auto = not cpu_only and workers_per_device == "auto" and model_bytes is None
+            self._grow = gpu_auto and mode == "processes"
+            plan = dataclasses.replace(plan, mode=mode)
+        self.plan: InferencePlan = dataclasses.replace(
+            plan, batch_size=None if self._auto_batch else self.batch_size
         )
-        """The workers this pool runs (devices, threads, skipped GPUs)."""
-        self.batch_size = batch_size
-        self.max_in_flight = max_in_flight or 4 * len(self.plan.workers)
+        """What this pool runs (shape, devices, threads, batch size) and what it decided, why."""
+        self._shape: str | None = {"inline": "inline", "processes": "processes"}.get(plan.mode)
+        self.max_in_flight = max_in_flight or 4 * max(1, len(self.plan.workers))
         self.on_error = on_error
         self.max_retries = max_retries
         self.progress = progress
         self.start_timeout_s = start_timeout_s
         self._slots: list[Slot] = []
-        self._run: Run | None = None
+        self._run: Run | MeasuredRun | None = None
+        self._runner: Any = None
+        self._build_s = 0.0
+        self._started: float | None = None
         self._closed = False
         log.info(prefixed("%s"), self.plan)
 
@@ -149,19 +198,19 @@ class BatchInferencePool:
         self.close(graceful=exc_type is None)
 
     def start(self) -> None:
-        """Start the worker processes (``with`` does this); they build their models meanwhile."""
+        """Start the workers (``with`` does this): spawn processes, or build the inline model."""
         if self._closed:
             raise RuntimeError("this BatchInferencePool is closed; create a new one")
-        if self._slots:
+        if self._started is not None:
             return
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")
+        self._started = time.monotonic()
         try:
-            for worker_id, spec in enumerate(self.plan.workers):
-                slot = Slot(worker_id, spec)
-                self._slots.append(slot)
-                start_slot(context, slot, self._payload)
+            if self._ray is not None:
+                self._ray.start()
+            elif self._shape == "processes":
+                self._spawn()
+            else:
+                self._build_inline()
         except BaseException:
             self.close(graceful=False)
             raise
@@ -169,9 +218,13 @@ class BatchInferencePool:
     def close(self, *, graceful: bool = True) -> None:
         """Stop every worker (``graceful``: ask first, then terminate); safe to call twice."""
         self._closed = True
-        if self._run is not None:
+        if isinstance(self._run, Run):
             self._run.abandon()
         stop_slots(self._slots, timeout_s=5.0 if graceful else 0.5)
+        if self._runner is not None:
+            self._runner.close()
+        if self._ray is not None:
+            self._ray.close()
 
     @property
     def worker_pids(self) -> tuple[int, ...]:
@@ -181,11 +234,16 @@ class BatchInferencePool:
     @property
     def worker_info(self) -> tuple[dict[str, Any], ...]:
         """What each ready worker reported at start-up (pid, device, threads, autocast...)."""
-        return tuple(dict(s.info) for s in self._slots if s.info)
+        if self._ray is not None:
+            return tuple(self._ray.worker_info)
+        inline = (self._runner.info(),) if self._runner is not None else ()
+        return inline + tuple(dict(s.info) for s in self._slots if s.info)
 
     @property
     def stats(self) -> InferenceStats | None:
         """Statistics of the latest ``map``/``imap`` (live while it runs); None before any."""
+        if self._ray is not None:
+            return self._ray.stats  # type: ignore[no-any-return]
         return self._run.stats() if self._run is not None else None
 
     def map(self, items: Iterable[Any]) -> list[Any]:
@@ -199,41 +257,64 @@ class BatchInferencePool:
             items: Any iterable, consumed lazily (a generator of millions of items is fine).
             ordered: Yield in input order; ``False`` yields each output as soon as it is back.
         """
-        if self._closed or not self._slots:
+        if self._closed or self._started is None:
             raise RuntimeError(
                 "the pool is not running; use `with BatchInferencePool(...) as pool:` "
                 "or call pool.start() first"
             )
-        if self._run is not None and self._run.active:
+        if self._busy():
             raise RuntimeError(
                 "another map/imap of this pool is still running; exhaust or close() its "
                 "iterator first"
             )
+        # The first run's wait began at start(): its stats count the start-up.
+        started, self._started = self._started, 0.0
+        started = started or time.monotonic()
+        if self._ray is not None:
+            return self._ray.imap(  # type: ignore[no-any-return]
+                items, batch_size=self.batch_size, ordered=ordered,
+                max_in_flight=self.max_in_flight, on_error=self.on_error,
+            )  # fmt: skip
+        remaining = len(items) if isinstance(items, Sized) else None
         iterator = iter(items)
-        self._run = Run(
-            self._slots,
-            self._payload,
-            batch_size=self.batch_size,
-            max_in_flight=self.max_in_flight,
-            on_error=self.on_error,
-            max_retries=self.max_retries,
-            progress=self.progress,
-            start_timeout_s=self.start_timeout_s,
-        )
-        return self._run.results(iterator, ordered=ordered)
+        if self._shape == "processes":
+            if not self._slots:
+                self._spawn()
+            self._run = self._process_run(0, None, started)
+            if self._auto_batch and self.plan.batch_size is None:
+                self._run.search = self._search_options()
+            return self._run.results(iterator, ordered=ordered)
+        return self._measured(iterator, remaining, ordered, started)
 
+    def _busy(self) -> bool:
+        if isinstance(self._run, Run):
+            return self._run.active
+        return self._run is not None and self._run.finished is None
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}")
+    def _measured(
+        self, iterator: Iterator[Any], remaining: int | None, ordered: bool, started: float
+    ) -> Iterator[Any]:
+        head = None
+        if self._auto_batch and self.plan.batch_size is None:
+            head = list(zip(itertools.count(), itertools.islice(iterator, PROBE_BATCH)))
+            if head:
+                self._search_inline([e for e in head])
+        run = MeasuredRun(
+            self._runner, build_s=self._build_s, workers=len(self.plan.workers),
+            cores=self._cores, remaining=remaining, shape=self._shape,
+            start_workers=self._spawn, stop_workers=self._stop_workers,
+            make_run=lambda offset, watch: self._process_run(offset, watch, time.monotonic()),
+            decided=self._decided, batch_size=lambda: self.batch_size,
+            on_error=self.on_error, started=started,
+        )  # fmt: skip
+        self._run = run
+        return run.results(iterator, ordered=ordered, head=head)
 
-
-def _check_picklable(name: str, fn: object) -> None:
-    try:
-        pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as error:
-        raise ValueError(
-            f"`{name}` must be picklable to reach the spawned worker processes, got {fn!r} "
-            f"({type(error).__name__}: {error}); define it as a module-level function (`def`, "
-            "not a lambda or a nested function) or pass functools.partial(module_level_fn, ...)"
-        ) from error
+    def _process_run(self, offset: int, watch: Callable[[Run], None] | None, started: float) -> Run:
+        return Run(
+            self._slots, self._payload, batch_size=self.batch_size,
+            max_in_flight=self.max_in_flight, on_error=self.on_error,
+            max_retries=self.max_retries, progress=self.progress,
+            start_timeout_s=self.start_timeout_s, offset=offset, started=started,
+            on_message=self._on_message, watch=watch,
+        )  # fmt: skip

@@ -38,9 +38,17 @@ class InferencePlan:
     """The workers a pool starts, and why."""
 
     workers: tuple[WorkerSpec, ...]
+    """The worker processes (for ``mode="inline"``: the ones a trial would start)."""
     skipped_gpus: tuple[tuple[int, str], ...] = ()
     """``(ordinal, reason)`` for every GPU left out (busy, or too little free memory)."""
     notes: tuple[str, ...] = field(default=())
+    mode: str = "processes"
+    """Where batches run now: ``processes``, ``inline`` (the calling process), ``measured``
+    (inline first, processes when a trial shows they are faster) or ``ray``."""
+    decisions: tuple[str, ...] = ()
+    """What the pool measured and decided, in order (shape trials, batch size, more copies)."""
+    batch_size: int | None = None
+    """The batch size in use (``None`` until ``batch_size="auto"`` has searched)."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -53,10 +61,16 @@ class InferencePlan:
             "workers": [w.to_dict() for w in self.workers],
             "skipped_gpus": [{"index": i, "reason": r} for i, r in self.skipped_gpus],
             "notes": list(self.notes),
+            "mode": self.mode,
+            "decisions": list(self.decisions),
+            "batch_size": self.batch_size,
         }
 
     def __str__(self) -> str:
-        lines = [f"inference plan: {len(self.workers)} worker(s)"]
+        batch = "batch size auto (not searched yet)" if self.batch_size is None else (
+            f"batch size {self.batch_size}"
+        )  # fmt: skip
+        lines = [f"inference plan: {self.mode}, {len(self.workers)} worker(s), {batch}"]
         for device in self.devices:
             specs = [w for w in self.workers if w.device == device]
             lines.append(
@@ -65,6 +79,7 @@ class InferencePlan:
             )
         lines += [f"  skipped cuda:{i}: {reason}" for i, reason in self.skipped_gpus]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  decided: {d}" for d in self.decisions]
         return "\n".join(lines)
 
 

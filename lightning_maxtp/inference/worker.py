@@ -7,9 +7,13 @@ set, and lightning is never imported (8 s of start-up for nothing).
 Protocol (pickled tuples over one duplex pipe, standard pickle so tensors travel as bytes and no
 shared memory outlives a killed worker):
 
-* coordinator -> worker: ``("batch", batch_id, [(index, item), ...])`` or ``("stop",)``;
+* coordinator -> worker: ``("batch", batch_id, [(index, item), ...], search)`` (``search``:
+  ``None``, or the batch-size search's options: run it on this batch's items first) or
+  ``("stop",)``;
 * worker -> coordinator: ``("ready", info)``, ``("result", batch_id, [(index, output), ...],
-  [ItemError, ...])``, or ``("fatal", traceback)`` when the model cannot be built.
+  [ItemError, ...])``, ``("searched", InferenceBatchChoice.to_dict())``, ``("memory", bytes)``
+  (one model copy's device memory, after the first batch on a GPU), or ``("fatal", traceback)``
+  when the model cannot be built.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
+from lightning_maxtp.inference.memory import copy_bytes
 from lightning_maxtp.inference.records import WorkerSpec
 from lightning_maxtp.inference.runner import BatchRunner, Entries, Launched
 
@@ -69,6 +74,7 @@ def _serve(conn: Connection, runner: BatchRunner) -> None:
     threading.Thread(target=_read, args=(conn, inbox), name="maxtp-inbox", daemon=True).start()
     pending: deque[tuple[int, Entries, list[Future[Any]]]] = deque()
     launched: Launched | None = None
+    reported = False
     try:
         while True:
             # Take every batch already sent, so its items load while the model runs.
@@ -80,16 +86,35 @@ def _serve(conn: Connection, runner: BatchRunner) -> None:
                     break
                 if message[0] == "stop":
                     return
-                _, batch_id, entries = message
-                pending.append((batch_id, entries, runner.submit(entries)))
+                _, batch_id, entries, search = message
+                futures = runner.submit(entries)
+                if search is not None:
+                    send(conn, ("searched", _search(runner, futures, search)))
+                pending.append((batch_id, entries, futures))
                 block = False
             current = runner.launch(*pending.popleft()) if pending else None
             # The previous batch finishes while this one runs on the GPU.
             if launched is not None:
                 send(conn, ("result", launched.batch_id, *runner.complete(launched)))
+                if not reported and runner.device.type == "cuda":
+                    reported = True
+                    send(conn, ("memory", copy_bytes(runner.device)))
             launched = current
     finally:
         runner.close()
+
+
+def _search(runner: BatchRunner, futures: list[Future[Any]], options: dict[str, Any]) -> Any:
+    """The batch-size search on the prepared items of the first batch (None if all failed)."""
+    from lightning_maxtp.inference.batch_search import search_inference_batch
+
+    values = [value for ok, value in (f.result() for f in futures) if ok]
+    if not values:
+        return None
+    try:
+        return search_inference_batch(runner, values, **options).to_dict()
+    except Exception as error:  # the pool keeps its probe size and says why
+        return {"error": f"{type(error).__name__}: {error}"}
 
 
 def _read(conn: Connection, inbox: queue.Queue[tuple[Any, ...]]) -> None:

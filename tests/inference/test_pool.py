@@ -157,7 +157,7 @@ def test_unpicklable_callables_are_refused_at_construction_with_the_fix() -> Non
         BatchInferencePool(_closure_factory(), devices="cpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`load` " + fix):
         BatchInferencePool(make_model, load=lambda x: x, devices="cpu")
-    with pytest.raises(ValueError, match=r"`batch_size` must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"`batch_size` must be an int >= 1 or 'auto', got 0"):
         BatchInferencePool(make_model, batch_size=0, devices="cpu")
     with pytest.raises(ValueError, match=r"`on_error` must be one of .* got 'ignore'"):
         BatchInferencePool(make_model, on_error="ignore", devices="cpu")
@@ -199,7 +199,7 @@ def test_a_killed_worker_is_replaced_and_every_item_arrives_once(
     if shm_before:  # tensors travel as pickled bytes: a killed worker leaves no segment behind
         leaked = set(os.listdir("/dev/shm")) - shm_before
         assert not [n for n in leaked if "torch" in n or n.startswith(("psm_", "mp-"))], leaked
-    assert "[maxtp] inference: 64 items" in capsys.readouterr().err
+    assert "[maxtp] inference (processes): 64 items" in capsys.readouterr().err
 
 
 @pytest.fixture

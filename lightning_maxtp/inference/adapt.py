@@ -1,0 +1,151 @@
+"""What a pool changes while it runs: its shape, its batch size, its copies per GPU.
+
+``Adaptive`` is the part of ``BatchInferencePool`` that acts on measurements: the measured
+plan's verdicts, the batch-size search (inline in the caller, or in the first worker process,
+which reports back), and more model copies on a GPU once the first copy's memory is known.
+Every change is recorded in ``pool.plan.decisions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from lightning_maxtp._log import prefixed
+from lightning_maxtp._units import format_bytes
+from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
+from lightning_maxtp.inference.memory import extra_copies
+from lightning_maxtp.inference.plan import MAX_WORKERS_PER_GPU
+from lightning_maxtp.inference.records import InferencePlan, WorkerSpec
+from lightning_maxtp.inference.shape import Verdict
+
+log = logging.getLogger(__name__)
+
+PROBE_BATCH = 32
+"""Items of the first batch with ``batch_size="auto"``: the search's sample, then a batch."""
+SEARCH_CPU = {"cap": 256, "time_budget_s": 3.0}
+"""On a CPU a batch past a few hundred gains nothing, and the search must stay a small part of a
+short job; on a GPU the search goes to 2048 within 20 s."""
+SEARCH_GPU = {"cap": 2048, "time_budget_s": 20.0}
+
+
+class Adaptive:
+    """Mixin of ``BatchInferencePool``: the plan's changes (see the module docstring)."""
+
+    plan: InferencePlan
+    batch_size: int
+    batch_choice: dict[str, Any] | None
+    _shape: str | None
+    _slots: list[Slot]
+    _payload: bytes
+    _runner: Any
+    _grow: bool
+    _free: dict[int, int | None]
+    _config: dict[str, Any]
+    _io_threads: int | None
+    _cores: int
+    _build_s: float
+
+    def _spawn(self) -> list[Slot]:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self._slots = []
+        for worker_id, spec in enumerate(self.plan.workers):
+            slot = Slot(worker_id, spec)
+            self._slots.append(slot)
+            start_slot(context, slot, self._payload)
+        return self._slots
+
+    def _stop_workers(self) -> None:
+        stop_slots(self._slots, timeout_s=5.0)
+        self._slots = []
+
+    def _build_inline(self) -> None:
+        from lightning_maxtp.inference.runner import BatchRunner
+
+        first = self.plan.workers[0] if self.plan.workers else None
+        device = "cpu" if first is None or first.device == "cpu" else first.device
+        import torch
+
+        # One process's torch threads, as a plain loop has; loading overlaps on a few threads.
+        io = self._io_threads or (first.io_threads if first is not None and device != "cpu" else 0)
+        spec = WorkerSpec(device, None, torch.get_num_threads(), io or max(1, self._cores // 2))
+        began = time.perf_counter()
+        self._runner = BatchRunner(spec, self._config, device=device)
+        self._build_s = time.perf_counter() - began
+
+    def _decided(self, verdict: Verdict) -> None:
+        # Only a trial's verdict lasts: a short input staying inline says nothing of the next.
+        if verdict.mode in ("processes", "reverted"):
+            self._shape = "processes" if verdict.mode == "processes" else "reverted"
+        self.plan = dataclasses.replace(
+            self.plan, decisions=(*self.plan.decisions, verdict.why),
+            mode={"reverted": "inline"}.get(self._shape or "", self._shape or self.plan.mode),
+        )  # fmt: skip
+        log.info(prefixed("inference: %s"), verdict.why)
+
+    def _search_options(self) -> dict[str, Any]:
+        cpu = self.plan.devices == ("cpu",) or self._shape in ("inline", "reverted")
+        return dict(SEARCH_CPU if cpu else SEARCH_GPU)
+
+    def _search_inline(self, head: list[tuple[int, Any]]) -> None:
+        from lightning_maxtp.inference.batch_search import search_inference_batch
+
+        prepared = [f.result() for f in self._runner.submit(head)]
+        values = [value for ok, value in prepared if ok]
+        if values:
+            try:
+                choice = search_inference_batch(self._runner, values, **self._search_options())
+            except RuntimeError as error:  # nothing fit: keep the probe size and say why
+                self._batch_chosen({"error": str(error)})
+            else:
+                self._batch_chosen(choice.to_dict())
+
+    def _batch_chosen(self, choice: dict[str, Any]) -> None:
+        if "error" in choice:
+            choice = {"batch_size": self.batch_size, "reason": (
+                f"the search failed ({choice['error']}); batch {self.batch_size} kept"
+            )}  # fmt: skip
+        self.batch_size = int(choice["batch_size"])
+        self.plan = dataclasses.replace(
+            self.plan, batch_size=self.batch_size,
+            decisions=(*self.plan.decisions, f"batch size: {choice['reason']}"),
+        )  # fmt: skip
+        self.batch_choice = choice
+        log.info(prefixed("inference: batch size %s"), choice["reason"])
+
+    def _on_message(self, run: Run, slot: Slot, message: tuple[Any, ...]) -> None:
+        if message[0] == "searched":
+            if message[1] is None:  # every item of that batch failed: search on the next one
+                run.search = self._search_options()
+                return
+            self._batch_chosen(message[1])
+            run.batch_size = self.batch_size
+        elif message[0] == "memory" and self._grow:
+            self._add_copies(run, slot, int(message[1]))
+
+    def _add_copies(self, run: Run, slot: Slot, per_copy: int) -> None:
+        """More copies of the model on ``slot``'s GPU, now that one copy's memory is known."""
+        import multiprocessing
+
+        index = int(slot.spec.device.split(":")[1])
+        running = sum(1 for s in self._slots if s.spec.device == slot.spec.device)
+        extra = extra_copies(
+            self._free, per_copy, {index: running}, max_copies=MAX_WORKERS_PER_GPU
+        )[index]
+        why = (
+            f"cuda:{index}: one copy holds {format_bytes(per_copy)}; "
+            f"{running + extra} cop{'y' if running + extra == 1 else 'ies'} fit the free memory "
+            "with 2.5 GiB headroom"
+        )
+        self._decided(Verdict("copies", why))
+        context = multiprocessing.get_context("spawn")
+        for _ in range(extra):
+            new = Slot(len(self._slots), slot.spec)
+            self._slots.append(new)
+            start_slot(context, new, self._payload)
+            run.add_slot(new)
+        self.plan = dataclasses.replace(self.plan, workers=tuple(s.spec for s in self._slots))
