@@ -40,7 +40,8 @@ def test_short_or_single_core_inputs_stay_inline_and_long_ones_get_a_trial() -> 
     assert one.mode == "inline" and "1 usable core" in one.why
     assert shape.judge_trial(120.0, 100.0, 2).mode == "processes"
     reverted = shape.judge_trial(105.0, 100.0, 2)
-    assert reverted.mode == "reverted" and "1.05x" in reverted.why and "1.10x needed" in reverted.why
+    assert reverted.mode == "reverted"
+    assert "1.05x" in reverted.why and "1.10x needed" in reverted.why
 
 
 def test_a_small_in_memory_input_runs_in_the_calling_process_without_workers() -> None:
