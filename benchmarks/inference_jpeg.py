@@ -8,14 +8,18 @@ What it measures, in one run, A/B/C per round, the same model, images and batch 
    (default CPUs - 1), persistent workers, prefetch 4, pinned memory and non-blocking copies,
    channels-last and bf16 autocast on a GPU.
 3. ``pool``: ``BatchInferencePool`` with every knob on ``"auto"``: the model factory, ``load``
-   (decode) and the batch size are all it is given.
+   (decode) and the batch size are all it is given. On a CPU it measures its plan: the first
+   pass long enough to pay for a trial of worker processes tries them (inside that round's
+   time), later passes use what it kept; ``pool.plan.decisions`` is printed at the end.
 
-Each config is set up once (models built, workers started: the pool's start-up time is in the
-JSON line's params) and warmed up with one pass; every timed round is one full pass over the
-images, outputs back on the host. Decoding goes to uint8 and the model normalises on the device
+Each config is set up once (models built; the pool's start-up time is in the JSON line's
+params) and warmed up on a few batches; every timed round is one full pass over the images
+(``--repeat`` times the generated set, read from the page cache), outputs back on the host.
+Decoding goes to uint8 and the model normalises on the device
 (``benchmarks/workloads/jpeg_inference.py``), as an expert does. Run from the repository root::
 
     python -m benchmarks.inference_jpeg                 # ~1 min on 2 CPU cores
+    python -m benchmarks.inference_jpeg --repeat 3 --rounds 2   # long enough for a trial
     python -m benchmarks.inference_jpeg --smoke         # seconds: checks the plumbing
 """
 
@@ -110,6 +114,7 @@ def compare(
     params = {**(params or {}), "model": model_name, "crop": crop, "batch_size": batch_size}
     params.update(images=len(paths), loader_workers=workers, device=str(device))
     chosen: list[Any] = []
+    pools: list[Any] = []
     with ExitStack() as stack:
         if "naive" in configs:
             naive_model = build_classifier(model_name, 10).to(device)
@@ -135,12 +140,16 @@ def compare(
             )
             pool.map(paths[: batch_size * len(pool.plan.workers) * 2])
             params["pool_startup_s"] = round(time.perf_counter() - started, 2)
-            params["pool_plan"] = pool.plan.to_dict()
+            pools.append(pool)
             chosen.append(
                 Config("pool", functools.partial(timed, lambda: len(pool.map(paths))),
                        {"plan": str(pool.plan)})
             )  # fmt: skip
-        return run_ab("inference_jpeg", chosen, rounds=rounds, params=params)
+        result = run_ab("inference_jpeg", chosen, rounds=rounds, params=params)
+        for pool in pools:  # what it measured and decided across the rounds
+            result.params["pool_plan"] = pool.plan.to_dict()  # type: ignore[index]
+            result.params["pool_stats_last_round"] = str(pool.stats)  # type: ignore[index]
+        return result
 
 
 def _shutdown_loader(loader: DataLoader[torch.Tensor]) -> None:
@@ -172,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1, help="passes over the generated set")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table-out", type=Path, default=None)
@@ -182,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for key, value in SMOKE.items():
             if key not in given:
                 setattr(args, key, value)
-    paths = prepare_images(args.images, args.image_size, args.data_dir)
+    paths = prepare_images(args.images, args.image_size, args.data_dir) * args.repeat
     result = compare(
         paths, model_name=args.model, crop=args.crop, batch_size=args.batch_size,
         workers=args.workers, rounds=args.rounds, params={"image_size": args.image_size},

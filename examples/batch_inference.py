@@ -1,15 +1,18 @@
 """Batched inference over a stream of items with ``BatchInferencePool``.
 
 A small MLP scores "records" (items are ids; ``load`` turns an id into a feature vector, as a
-real ``load`` would read a file). The pool starts one worker per device (the CPU here, one per
-free GPU elsewhere), builds the model once in each, and streams results back in input order.
+real ``load`` would read a file). On GPUs the pool starts one worker process per model copy; on
+a CPU it measures first: it runs the first batches in this process and starts worker processes
+only if the rest of the input is long enough to pay for trying them (for 500 records it is not).
+It builds the model once per copy and streams results back in input order; ``pool.plan`` says
+what it measured and decided, ``pool.stats`` the end-to-end and steady items/s.
 One record is corrupt: with ``on_error="return"`` its place holds an ``ItemError`` with its index.
 The script checks every output against the same model run in this process, then prints the stats.
 
 The workers import this file (spawn re-imports the main script), so it imports torch only at the
 top and keeps the pool under ``if __name__ == "__main__":``.
 
-Usage: ``python examples/batch_inference.py [--items N] [--batch-size N] [--workers N]``
+Usage: ``python examples/batch_inference.py [--items N] [--batch-size N|auto] [--workers N]``
 """
 
 from __future__ import annotations
@@ -46,19 +49,21 @@ def main() -> None:
     """Score the records, verify them, print the stats."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", default="32", help="items per batch, or 'auto'")
     parser.add_argument("--workers", default="auto", help="workers per device, or 'auto'")
     args = parser.parse_args()
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    batch_size = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     factory = functools.partial(build_model, 64)
     with BatchInferencePool(
-        factory, load=load_record, batch_size=args.batch_size, workers_per_device=workers,
+        factory, load=load_record, batch_size=batch_size, workers_per_device=workers,
         on_error="return",
     ) as pool:  # fmt: skip
-        print(pool.plan)
-        # A generator: the pool pulls only a few batches ahead of what has been consumed.
-        results = list(pool.imap(i for i in range(args.items)))
+        # A sized input: the pool knows how much is left when it decides where to run it. (A
+        # generator works too: the pool then pulls only a few batches ahead of what was consumed.)
+        results = list(pool.imap(range(args.items)))
         stats = pool.stats
+        print(pool.plan)
     reference = factory().eval()
     mismatches = 0
     for index, result in enumerate(results):

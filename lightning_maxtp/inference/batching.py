@@ -88,3 +88,23 @@ def split_output(output: Any, count: int) -> list[Any]:
         "tuple/dict of tensors) with the batch as first dimension, or a list with one entry "
         "per item"
     )
+
+
+def compact(entries: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """``entries`` with every tensor view that shares a larger storage copied out.
+
+    Pickling a tensor sends its whole storage: a row of ``big.unbind(0)`` would carry all of
+    ``big`` to the worker (measured: 64 rows of a 24 MiB tensor made a 1.5 GiB message).
+    """
+    import torch
+
+    return [
+        (index, item.clone() if _is_small_view(item, torch.Tensor) else item)
+        for index, item in entries
+    ]
+
+
+def _is_small_view(item: Any, tensor_type: type) -> bool:
+    return isinstance(item, tensor_type) and (
+        item.untyped_storage().nbytes() > 2 * max(1, item.nbytes)
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from lightning_maxtp.inference.batching import compact
 from lightning_maxtp.inference.records import (
     InferenceError,
     InferenceStats,
@@ -199,6 +200,7 @@ class Run:
                     entries = list(itertools.islice(source, self.batch_size))
                     exhausted = len(entries) < self.batch_size
                     if entries:
+                        entries = compact(entries)
                         batch = Batch(next(_batch_ids), entries, remaining=len(entries))
                         self.pulled += len(entries)
                         self.open[batch.id] = batch

@@ -145,3 +145,14 @@ def test_bad_mode_backend_and_batch_size_are_refused() -> None:
         BatchInferencePool(make_model, backend="dask")
     with pytest.raises(ValueError, match=r"`batch_size` must be an int >= 1 or 'auto', got 'big'"):
         BatchInferencePool(make_model, batch_size="big")
+
+
+def test_tensor_views_are_copied_out_before_they_travel_to_a_worker() -> None:
+    from lightning_maxtp.inference.batching import compact
+
+    big = torch.zeros(1000, 3, 8, 8)
+    rows, whole = list(big.unbind(0)), torch.ones(3, 8, 8)
+    sent = compact([(0, rows[0]), (1, whole), (2, "not a tensor")])
+    assert sent[0][1].untyped_storage().nbytes() == rows[0].nbytes  # not the 1000-row storage
+    assert sent[1][1] is whole and sent[2][1] == "not a tensor"
+    torch.testing.assert_close(sent[0][1], rows[0])
