@@ -51,8 +51,9 @@ class Adaptive:
     def _spawn(self) -> list[Slot]:
         import multiprocessing
 
+        if self._slots:  # a trial's workers still starting, or running: use them
+            return self._slots
         context = multiprocessing.get_context("spawn")
-        self._slots = []
         for worker_id, spec in enumerate(self.plan.workers):
             slot = Slot(worker_id, spec)
             self._slots.append(slot)

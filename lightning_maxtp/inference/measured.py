@@ -96,6 +96,11 @@ class MeasuredRun:
                     "probe", f"inline: all {inline.finished_items} items ran while the inline "
                     f"rate was being measured ({time.monotonic() - inline.started:.2f} s)",
                 ))  # fmt: skip
+            if inline.exhausted and self.slots and self.shape is None:
+                self.decided(Verdict(
+                    "unfinished", "trial unfinished: the input ended before the worker "
+                    "processes were ready (they stay for the next run)",
+                ))  # fmt: skip
             if inline.exhausted or not self.slots:
                 return
             run = self.make_run(inline.next_index, self._judge)
