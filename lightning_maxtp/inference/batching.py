@@ -99,12 +99,11 @@ def compact(entries: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     import torch
 
     return [
-        (index, item.clone() if _is_small_view(item, torch.Tensor) else item)
+        (index, item.clone() if isinstance(item, torch.Tensor) and _is_view(item) else item)
         for index, item in entries
     ]
 
 
-def _is_small_view(item: Any, tensor_type: type) -> bool:
-    return isinstance(item, tensor_type) and (
-        item.untyped_storage().nbytes() > 2 * max(1, item.nbytes)
-    )
+def _is_view(tensor: Any) -> bool:
+    """Whether ``tensor`` shares a storage more than twice its own size."""
+    return bool(tensor.untyped_storage().nbytes() > 2 * max(1, tensor.nbytes))

@@ -89,7 +89,12 @@ class BatchInferencePool(Adaptive):
         mode: ``"auto"`` (measured on a CPU, processes on GPUs), ``"processes"`` (always worker
             processes) or ``"inline"`` (always the calling process, on the plan's first device).
         backend: ``"local"`` (this machine) or ``"ray"`` (Ray actors across the cluster
-            ``ray.init()`` connected to; needs ``pip install 'lightning-maxtp[ray]'``).
+            ``ray.init()`` connected to, or a local one it starts; one actor per GPU with
+            ``num_gpus=1``, CPU actors without GPUs; needs ``pip install
+            'lightning-maxtp[ray]'``). On Ray, ``batch_size="auto"`` keeps the probe size (no
+            search yet) and ``progress`` is ignored; ``close()`` stops the actors, not Ray.
+        ray_actor_options: Merged over each Ray actor's ``.options(...)`` (``num_cpus``,
+            ``resources``, ``scheduling_strategy``, ``runtime_env``...).
 
     Raises:
         ValueError: For an argument out of range or a callable that cannot be pickled.
@@ -116,6 +121,7 @@ class BatchInferencePool(Adaptive):
         start_timeout_s: float = 600.0,
         mode: str = "auto",
         backend: str = "local",
+        ray_actor_options: dict[str, Any] | None = None,
     ) -> None:
         check_arguments(
             batch_size=batch_size, max_retries=max_retries, max_in_flight=max_in_flight,
@@ -150,9 +156,10 @@ class BatchInferencePool(Adaptive):
 
             self._ray = RayBackend(
                 config, devices=devices, workers_per_device=workers_per_device,
-                io_threads=io_threads, max_retries=max_retries,
+                io_threads=io_threads, max_retries=max_retries, actor_options=ray_actor_options,
             )  # fmt: skip
-            plan = dataclasses.replace(self._ray.plan, mode="ray")
+            self._ray.start_timeout_s = start_timeout_s
+            plan = self._ray.plan
         else:
             resources = resources or inspect_resources()
             plan = plan_workers(
@@ -172,6 +179,7 @@ class BatchInferencePool(Adaptive):
         )
         """What this pool runs (shape, devices, threads, batch size) and what it decided, why."""
         self._shape: str | None = {"inline": "inline", "processes": "processes"}.get(plan.mode)
+        self._max_in_flight = max_in_flight
         self.max_in_flight = max_in_flight or 4 * max(1, len(self.plan.workers))
         self.on_error = on_error
         self.max_retries = max_retries
@@ -206,7 +214,11 @@ class BatchInferencePool(Adaptive):
         self._started = time.monotonic()
         try:
             if self._ray is not None:
-                self._ray.start()
+                self._ray.start()  # the cluster is known now: its actors are the plan
+                self.plan = dataclasses.replace(
+                    self._ray.plan, batch_size=self.plan.batch_size, mode="ray"
+                )
+                self.max_in_flight = self._max_in_flight or 4 * max(1, len(self.plan.workers))
             elif self._shape == "processes":
                 self._spawn()
             else:
