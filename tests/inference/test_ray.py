@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import numpy as np
+import psutil
 import pytest
 import torch
 
