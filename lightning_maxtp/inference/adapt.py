@@ -16,7 +16,7 @@ from typing import Any
 from lightning_maxtp._log import prefixed
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
-from lightning_maxtp.inference.memory import extra_copies
+from lightning_maxtp.inference.memory import CONTEXT_BYTES, extra_copies
 from lightning_maxtp.inference.plan import MAX_WORKERS_PER_GPU
 from lightning_maxtp.inference.records import InferencePlan, WorkerSpec
 from lightning_maxtp.inference.shape import Verdict
@@ -47,6 +47,9 @@ class Adaptive:
     _io_threads: int | None
     _cores: int
     _build_s: float
+    _grown: set[str]
+    _max_in_flight: int | None
+    max_in_flight: int
 
     def _spawn(self) -> list[Slot]:
         import multiprocessing
@@ -83,13 +86,14 @@ class Adaptive:
         if verdict.mode in ("processes", "reverted"):
             self._shape = "processes" if verdict.mode == "processes" else "reverted"
         self.plan = dataclasses.replace(
-            self.plan, decisions=(*self.plan.decisions, verdict.why),
+            self.plan, decisions=_kept(self.plan.decisions, verdict.why),
             mode={"reverted": "inline"}.get(self._shape or "", self._shape or self.plan.mode),
         )  # fmt: skip
         log.info(prefixed("inference: %s"), verdict.why)
 
     def _search_options(self) -> dict[str, Any]:
-        cpu = self.plan.devices == ("cpu",) or self._shape in ("inline", "reverted")
+        runner = self._runner
+        cpu = runner.device.type == "cpu" if runner is not None else self.plan.devices == ("cpu",)
         return dict(SEARCH_CPU if cpu else SEARCH_GPU)
 
     def _search_inline(self, head: list[tuple[int, Any]]) -> None:
@@ -100,8 +104,8 @@ class Adaptive:
         if values:
             try:
                 choice = search_inference_batch(self._runner, values, **self._search_options())
-            except RuntimeError as error:  # nothing fit: keep the probe size and say why
-                self._batch_chosen({"error": str(error)})
+            except Exception as error:  # nothing fit, or an item breaks the model: say why
+                self._batch_chosen({"error": f"{type(error).__name__}: {error}"})
             else:
                 self._batch_chosen(choice.to_dict())
 
@@ -113,7 +117,7 @@ class Adaptive:
         self.batch_size = int(choice["batch_size"])
         self.plan = dataclasses.replace(
             self.plan, batch_size=self.batch_size,
-            decisions=(*self.plan.decisions, f"batch size: {choice['reason']}"),
+            decisions=_kept(self.plan.decisions, f"batch size: {choice['reason']}"),
         )  # fmt: skip
         self.batch_choice = choice
         log.info(prefixed("inference: batch size %s"), choice["reason"])
@@ -125,13 +129,19 @@ class Adaptive:
                 return
             self._batch_chosen(message[1])
             run.batch_size = self.batch_size
-        elif message[0] == "memory" and self._grow:
+            peak = message[1].get("peak_memory_bytes")
+            if self._grow and peak:  # the copies must hold the searched size, not the probe's
+                self._add_copies(run, slot, int(peak) + CONTEXT_BYTES)
+        elif message[0] == "memory" and self._grow and self.plan.batch_size is not None:
             self._add_copies(run, slot, int(message[1]))
 
     def _add_copies(self, run: Run, slot: Slot, per_copy: int) -> None:
         """More copies of the model on ``slot``'s GPU, now that one copy's memory is known."""
         import multiprocessing
 
+        if slot.spec.device in self._grown:  # once per GPU: later copies see the others' memory
+            return
+        self._grown.add(slot.spec.device)
         index = int(slot.spec.device.split(":")[1])
         running = sum(1 for s in self._slots if s.spec.device == slot.spec.device)
         extra = extra_copies(
@@ -139,8 +149,8 @@ class Adaptive:
         )[index]
         why = (
             f"cuda:{index}: one copy holds {format_bytes(per_copy)}; "
-            f"{running + extra} cop{'y' if running + extra == 1 else 'ies'} fit the free memory "
-            "with 2.5 GiB headroom"
+            f"{running + extra} cop{'y' if running + extra == 1 else 'ies'} run (the free memory "
+            f"with 2.5 GiB headroom, at most {MAX_WORKERS_PER_GPU})"
         )
         self._decided(Verdict("copies", why))
         context = multiprocessing.get_context("spawn")
@@ -150,3 +160,19 @@ class Adaptive:
             start_slot(context, new, self._payload)
             run.add_slot(new)
         self.plan = dataclasses.replace(self.plan, workers=tuple(s.spec for s in self._slots))
+        if self._max_in_flight is None:  # keep 4 batches per copy in flight, as planned
+            self.max_in_flight = run.max_in_flight = 4 * len(self._slots)
+
+
+MAX_DECISIONS = 20
+"""``plan.decisions`` keeps the first and the latest verdicts: a pool mapping many short inputs
+would otherwise grow one line per call."""
+
+
+def _kept(decisions: tuple[str, ...], why: str) -> tuple[str, ...]:
+    """``decisions`` plus ``why``, at most ``MAX_DECISIONS``: the first half and the latest."""
+    out = (*decisions, why)
+    if len(out) <= MAX_DECISIONS:
+        return out
+    head = MAX_DECISIONS // 2
+    return (*out[:head], *out[len(out) - (MAX_DECISIONS - head) :])

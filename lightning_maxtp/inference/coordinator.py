@@ -151,7 +151,8 @@ class Run:
 
     def add_slot(self, slot: Slot) -> None:
         """Count a slot started during the run (more model copies once memory was measured)."""
-        self.slots.append(slot)
+        if slot not in self.slots:  # the pool's list may be this run's own
+            self.slots.append(slot)
         self.items.append(0)
         self.batches.append(0)
         self.restarts0.append(slot.restarts)

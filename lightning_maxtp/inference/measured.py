@@ -5,9 +5,9 @@ One ``map``/``imap`` of a pool on ``mode="auto"`` without a GPU runs as a ``Meas
 1. batches run inline (``InlineRun``) and the inline rate is measured after the first one;
 2. ``shape.decide_shape`` says whether the rest is long enough to try worker processes; if so
    they are spawned while the inline loop keeps going;
-3. once every worker is ready, the rest of the input goes to them (``coordinator.Run``) for a
-   measuring window; ``shape.judge_trial`` keeps them, or they finish their open batches, stop,
-   and the rest runs inline again.
+3. once every worker is ready (one that cannot start reverts the trial), the rest of the
+   input goes to them (``coordinator.Run``) for a measuring window; ``shape.judge_trial``
+   keeps them, or they finish their open batches, stop, and the rest runs inline again.
 
 Nothing is lost or repeated across the hand-overs: each stretch takes its batches from the same
 iterator, numbered from where the previous one stopped. Every verdict is kept for ``pool.plan``.
@@ -15,6 +15,7 @@ iterator, numbered from where the previous one stopped. Every verdict is kept fo
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,12 +70,13 @@ class MeasuredRun:
         batch_size: Callable[[], int],
         on_error: str,
         started: float,
+        progress: bool = False,
     ) -> None:
         self.runner, self.build_s, self.workers, self.cores = runner, build_s, workers, cores
         self.remaining, self.shape = remaining, shape
         self.start_workers, self.stop_workers, self.make_run = start_workers, stop_workers, make_run
         self.decided, self.batch_size, self.on_error = decided, batch_size, on_error
-        self.started = started
+        self.started, self.progress = started, progress
         self.parts: list[InlineRun | Run] = []
         self.slots: list[Slot] = []
         self.inline_rate = 0.0
@@ -119,12 +121,22 @@ class MeasuredRun:
             yield from rest.results(iterator, batch_size=self.batch_size, stop=lambda _: False)
         finally:
             self.finished = time.monotonic()
+            if self.progress:
+                sys.stderr.write(f"[maxtp] {self.stats()}\n")
 
     def _stop_inline(self, inline: InlineRun) -> bool:
         if self.shape in ("inline", "reverted"):
             return False
         if self.slots:
-            return _all_ready(self.slots)
+            failure = _start_failure(self.slots)
+            if failure is None:
+                return all(slot.ready for slot in self.slots)
+            # A worker that cannot start ends the trial, not the run: the rest runs inline.
+            self.decided(Verdict("reverted", f"processes reverted: {failure}; the rest ran inline"))
+            self.shape = "reverted"
+            self.stop_workers()
+            self.slots = []
+            return False
         rate = inline.steady_rate()
         assert inline.first_result is not None or rate == 0.0
         if inline.batches < 2 or rate == 0.0 or time.monotonic() - inline.started < PROBE_S:
@@ -149,17 +161,19 @@ class MeasuredRun:
         # Each worker's first batch pays its one-time costs (lazy kernel set-up, first
         # allocations): the window starts once every worker has returned one.
         now = time.monotonic()
+        # As many workers as can hold a batch at once (fewer when max_in_flight is small).
+        busy = min(len(run.slots), run.max_in_flight)
         if self.window is None:
-            if all(run.batches):
+            if sum(1 for b in run.batches if b) >= busy:
                 self.window = (now, run.finished_items, sum(run.batches))
             return
         began, items, batches = self.window
         seconds = now - began
-        enough = sum(run.batches) - batches >= WINDOW_BATCHES * len(run.slots)
+        enough = sum(run.batches) - batches >= WINDOW_BATCHES * busy
         if not enough or (seconds < WINDOW_S and not ended):
             return
         rate = (run.finished_items - items) / seconds
-        verdict = judge_trial(rate, self.inline_rate, len(run.slots))
+        verdict = judge_trial(rate, self.inline_rate, busy)
         self.decided(verdict)
         self.shape = verdict.mode
         run.watch = None
@@ -187,7 +201,7 @@ class MeasuredRun:
             before += part.finished_items
         inline = [p for p in self.parts if isinstance(p, InlineRun)]
         done, batches = sum(p.finished_items for p in inline), sum(p.batches for p in inline)
-        workers.insert(0, WorkerStats(-1, "cpu (inline)", done, batches, 0))
+        workers.insert(0, WorkerStats(-1, f"{self.runner.spec.device} (inline)", done, batches, 0))
         kinds = ["inline" if isinstance(p, InlineRun) else "processes" for p in self.parts]
         return InferenceStats(
             items=items,
@@ -203,20 +217,18 @@ class MeasuredRun:
         )
 
 
-def _all_ready(slots: list[Slot]) -> bool:
-    """Read the workers' start-up messages without waiting; True once every one is ready."""
+def _start_failure(slots: list[Slot]) -> str | None:
+    """Read the workers' start-up messages without waiting; why one failed, if one did."""
     for slot in slots:
         while not slot.ready and slot.conn is not None and slot.conn.poll():
             try:
                 message = receive(slot.conn)
             except (EOFError, OSError):
-                return True  # it died starting: the process run replaces it
-
+                code = slot.process.exitcode if slot.process is not None else None
+                return f"worker #{slot.worker_id} died while starting (exit code {code})"
             if message[0] == "ready":
                 slot.ready, slot.info = True, message[1]
             elif message[0] == "fatal":
-                raise RuntimeError(
-                    f"inference worker #{slot.worker_id} could not build the model; fix "
-                    f"model_factory (the worker's traceback follows)\n{message[1]}"
-                )
-    return all(slot.ready for slot in slots)
+                last = message[1].strip().splitlines()[-1] if message[1].strip() else "?"
+                return f"worker #{slot.worker_id} could not build the model ({last})"
+    return None

@@ -148,6 +148,7 @@ class BatchInferencePool(Adaptive):
         self._free: dict[int, int | None] = {}
         self._cores = 1
         self._grow = False
+        self._grown: set[str] = set()
         self._auto_batch = batch_size == "auto"
         self.batch_size = PROBE_BATCH if self._auto_batch else int(batch_size)
         """Items per batch now (with ``"auto"``: the probe size until the search has run)."""
@@ -274,59 +275,71 @@ class BatchInferencePool(Adaptive):
                 "the pool is not running; use `with BatchInferencePool(...) as pool:` "
                 "or call pool.start() first"
             )
-        if self._busy():
+        self._check_idle()
+        return self._runs(items, ordered)
+
+    def _check_idle(self) -> None:
+        busy = self._run.active if isinstance(self._run, Run) else (
+            self._run is not None and self._run.finished is None
+        )  # fmt: skip
+        if busy:
             raise RuntimeError(
                 "another map/imap of this pool is still running; exhaust or close() its "
                 "iterator first"
             )
+
+    def _runs(self, items: Iterable[Any], ordered: bool) -> Iterator[Any]:
+        """The generator behind ``imap``: nothing is pulled or built before its first item."""
+        self._check_idle()
         # The first run's wait began at start(): its stats count the start-up.
         started, self._started = self._started, 0.0
         started = started or time.monotonic()
         if self._ray is not None:
-            return self._ray.imap(  # type: ignore[no-any-return]
+            yield from self._ray.imap(
                 items, batch_size=self.batch_size, ordered=ordered,
                 max_in_flight=self.max_in_flight, on_error=self.on_error,
             )  # fmt: skip
+            return
         remaining = len(items) if isinstance(items, Sized) else None
         iterator = iter(items)
         if self._shape == "processes":
             if not self._slots:
                 self._spawn()
-            self._run = self._process_run(0, None, started)
+            run = self._run = self._process_run(0, None, started)
             if self._auto_batch and self.plan.batch_size is None:
-                self._run.search = self._search_options()
-            return self._run.results(iterator, ordered=ordered)
-        return self._measured(iterator, remaining, ordered, started)
-
-    def _busy(self) -> bool:
-        if isinstance(self._run, Run):
-            return self._run.active
-        return self._run is not None and self._run.finished is None
-
-    def _measured(
-        self, iterator: Iterator[Any], remaining: int | None, ordered: bool, started: float
-    ) -> Iterator[Any]:
+                run.search = self._search_options()
+            yield from run.results(iterator, ordered=ordered)
+            return
         head = None
         if self._auto_batch and self.plan.batch_size is None:
             head = list(zip(itertools.count(), itertools.islice(iterator, PROBE_BATCH)))
             if head:
-                self._search_inline([e for e in head])
-        run = MeasuredRun(
+                self._search_inline(head)
+        measured = self._run = MeasuredRun(
             self._runner, build_s=self._build_s, workers=len(self.plan.workers),
             cores=self._cores, remaining=remaining, shape=self._shape,
             start_workers=self._spawn, stop_workers=self._stop_workers,
-            make_run=lambda offset, watch: self._process_run(offset, watch, time.monotonic()),
+            make_run=lambda offset, watch: self._process_run(
+                offset, watch, time.monotonic(), progress=False
+            ),
             decided=self._decided, batch_size=lambda: self.batch_size,
-            on_error=self.on_error, started=started,
+            on_error=self.on_error, started=started, progress=self.progress,
         )  # fmt: skip
-        self._run = run
-        return run.results(iterator, ordered=ordered, head=head)
+        yield from measured.results(iterator, ordered=ordered, head=head)
 
-    def _process_run(self, offset: int, watch: Callable[[Run], None] | None, started: float) -> Run:
+    def _process_run(
+        self,
+        offset: int,
+        watch: Callable[[Run], None] | None,
+        started: float,
+        *,
+        progress: bool | None = None,
+    ) -> Run:
         return Run(
             self._slots, self._payload, batch_size=self.batch_size,
             max_in_flight=self.max_in_flight, on_error=self.on_error,
-            max_retries=self.max_retries, progress=self.progress,
+            max_retries=self.max_retries,
+            progress=self.progress if progress is None else progress,
             start_timeout_s=self.start_timeout_s, offset=offset, started=started,
             on_message=self._on_message, watch=watch,
         )  # fmt: skip

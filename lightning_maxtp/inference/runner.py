@@ -66,6 +66,9 @@ class BatchRunner:
         if device is None:
             device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # Events, streams and the bf16 check use the current device: make it this one.
+            torch.cuda.set_device(self.device)
         self.dtype = autocast_dtype(config["precision"], self.device)
         model = config["model_factory"]()
         if isinstance(model, torch.nn.Module):

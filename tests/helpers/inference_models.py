@@ -75,3 +75,13 @@ class PlacedModel(torch.nn.Module):
 def make_placed(caller_s: float, worker_s: float) -> torch.nn.Module:
     """A ``PlacedModel``: pass ``functools.partial(make_placed, caller_s, worker_s)``."""
     return PlacedModel(caller_s, worker_s)
+
+
+def make_caller_only(caller_s: float) -> torch.nn.Module:
+    """A ``PlacedModel`` in the calling process; raises in a spawned worker (a factory that only
+    works where it was defined, as in a notebook)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("this factory only works in the calling process")
+    return PlacedModel(caller_s, 0.0)

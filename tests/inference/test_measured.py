@@ -15,7 +15,13 @@ import torch
 from lightning_maxtp.inference import BatchInferencePool, adapt, shape
 from lightning_maxtp.inference.memory import extra_copies
 from tests.helpers.fake_nvml import GIB
-from tests.helpers.inference_models import load_vector, make_model, make_placed, reference
+from tests.helpers.inference_models import (
+    load_vector,
+    make_caller_only,
+    make_model,
+    make_placed,
+    reference,
+)
 from tests.inference.test_pool import stop_resource_tracker  # noqa: F401 - same clean-up
 
 
@@ -156,3 +162,35 @@ def test_tensor_views_are_copied_out_before_they_travel_to_a_worker() -> None:
     assert sent[0][1].untyped_storage().nbytes() == rows[0].nbytes  # not the 1000-row storage
     assert sent[1][1] is whole and sent[2][1] == "not a tensor"
     torch.testing.assert_close(sent[0][1], rows[0])
+
+
+def test_a_worker_that_cannot_start_reverts_the_trial_and_the_run_completes_inline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shape, "TRIAL_PAYBACK", 0.01)
+    factory = functools.partial(make_caller_only, 0.01)
+    items = list(range(3000))
+    with BatchInferencePool(factory, load=load_vector, batch_size=8) as pool:
+        out = list(pool.imap(_paced(pool, len(items))))
+        plan, stats = pool.plan, pool.stats
+        assert pool.worker_pids == ()
+    assert_matches(out, items)
+    assert stats is not None and stats.mode == "inline"
+    assert plan.decisions[-1].startswith("processes reverted: worker #"), plan.decisions
+    assert "could not build the model" in plan.decisions[-1] and plan.mode == "inline"
+
+
+def test_imap_pulls_nothing_before_its_first_item_and_an_unstarted_one_blocks_nothing() -> None:
+    pulled = []
+
+    def source() -> Iterator[int]:
+        for i in range(40):
+            pulled.append(i)
+            yield i
+
+    with BatchInferencePool(make_model, load=load_vector, batch_size="auto") as pool:
+        unstarted = pool.imap(source())
+        assert pulled == [] and pool.plan.batch_size is None  # no search, nothing read
+        unstarted.close()
+        assert_matches(pool.map(range(10)), list(range(10)))  # the closed one blocks nothing
+        assert pool.plan.batch_size is not None
