@@ -127,7 +127,7 @@ def test_batch_size_auto_in_worker_processes_is_searched_by_the_first_worker(
     factory = functools.partial(make_placed, 0.0, 0.01)
     items = list(range(300))
     with BatchInferencePool(
-        factory, load=load_vector, batch_size="auto", mode="processes", workers_per_device=2
+        factory, load=load_vector, batch_size="auto", mode="processes", workers_per_device=1
     ) as pool:  # fmt: skip
         out = pool.map(items)
         plan = pool.plan
