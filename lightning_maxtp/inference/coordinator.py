@@ -138,11 +138,10 @@ class Run:
         self.offset = offset
         self.on_message = on_message
         self.watch = watch
+        # Set by ``watch``: pull no more, end once the open batches are back (the rest stays in
+        # the iterator). ``search``: batch-size search options for the next batch sent.
         self.stop_pulling = False
-        """Set (by ``watch``) to pull nothing more: the run ends once its open batches are back,
-        leaving the rest of the input in the iterator."""
         self.search: dict[str, Any] | None = None
-        """Batch-size search options for the next batch sent (sent once, then cleared)."""
 
     @property
     def finished_items(self) -> int:
@@ -153,8 +152,7 @@ class Run:
         """Count a slot started during the run (more model copies once memory was measured)."""
         if slot not in self.slots:  # the pool's list may be this run's own
             self.slots.append(slot)
-        self.items.append(0)
-        self.batches.append(0)
+        self.items, self.batches = [*self.items, 0], [*self.batches, 0]
         self.restarts0.append(slot.restarts)
 
     def stats(self) -> InferenceStats:
@@ -162,11 +160,9 @@ class Run:
         end = self.finished or time.monotonic()
         first = self.first_result
         return InferenceStats(
-            items=self.pulled,
-            outputs=self.outputs,
+            items=self.pulled, outputs=self.outputs,
             errors=tuple(sorted(self.errors, key=lambda e: e.index)),
-            retries=self.retries,
-            elapsed_s=end - self.started,
+            retries=self.retries, elapsed_s=end - self.started,
             startup_s=(first or end) - self.started,
             steady_items=self.finished_items - self.first_count,
             steady_s=end - first if first is not None else 0.0,
@@ -324,6 +320,25 @@ class Run:
             self.done[error.index] = (False, error, batch)
         assert len(outputs) + len(errors) == len(batch.entries), "a worker lost an item"
 
+    def _retry(self, batch: Batch, cause: str) -> None:
+        """Send a dead worker's batch again, or fail its items after ``max_retries``."""
+        if self.open.get(batch.id) is not batch:
+            return  # all its items were handed over already
+        batch.attempts += 1
+        if batch.attempts <= self.max_retries:
+            self.retries += 1
+            self.todo.appendleft(batch)
+            return
+        for index, item in batch.entries:
+            error = ItemError(
+                index, "worker", "WorkerDied",
+                f"{cause} on this item's batch {batch.attempts} time(s); "
+                f"max_retries={self.max_retries}",
+                item_repr=repr(item)[:200],
+            )  # fmt: skip
+            self.errors.append(error)
+            self.done[index] = (False, error, batch)
+
     def _replace(self, slot: Slot) -> None:
         process = slot.process
         process.join(5.0)
@@ -332,22 +347,7 @@ class Run:
         slot.conn.close()
         process.close()
         for batch in slot.assigned.values():
-            if self.open.get(batch.id) is not batch:
-                continue
-            batch.attempts += 1
-            if batch.attempts <= self.max_retries:
-                self.retries += 1
-                self.todo.appendleft(batch)
-                continue
-            for index, item in batch.entries:
-                error = ItemError(
-                    index, "worker", "WorkerDied",
-                    f"the worker process died (exit code {code}) on this item's batch "
-                    f"{batch.attempts} time(s); max_retries={self.max_retries}",
-                    item_repr=repr(item)[:200],
-                )  # fmt: skip
-                self.errors.append(error)
-                self.done[index] = (False, error, batch)
+            self._retry(batch, f"the worker process died (exit code {code})")
         slot.failures_in_row += 1
         if slot.failures_in_row > self.max_retries + 2:
             slot.process, slot.conn, slot.assigned = None, None, {}

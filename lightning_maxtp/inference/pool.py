@@ -48,11 +48,11 @@ class BatchInferencePool(Adaptive):
     sent again (at most ``max_retries`` times each). Leaving the context stops every worker.
 
     Where it runs (``mode="auto"``): on GPUs, one spawned worker process per model copy. On a
-    CPU with ``workers_per_device="auto"`` the pool measures instead of guessing: it runs the first batches in the calling process
-    (a plain batched loop, loading overlapped), and starts worker processes only when the rest
-    of the input is long enough to pay for trying them, keeping them only if they are measurably
-    faster (``pool.plan.decisions`` says what it measured). So a short job is never slower than
-    a plain loop over the same items.
+    CPU with ``workers_per_device="auto"`` the pool measures instead of guessing: it runs the
+    first batches in the calling process (a plain batched loop, loading overlapped), and starts
+    worker processes only when the rest of the input is long enough to pay for trying them,
+    keeping them only if they are measurably faster (``pool.plan.decisions`` says what it
+    measured). So a short job is never slower than a plain loop over the same items.
 
     Args:
         model_factory: Builds the model in each worker (``nn.Module``s are moved to the device

@@ -22,10 +22,10 @@ from typing import Any
 
 from lightning_maxtp._log import prefixed
 from lightning_maxtp.inference.arguments import ON_ERROR
-from lightning_maxtp.inference.coordinator import PREFETCH, Batch, Run, Slot
+from lightning_maxtp.inference.coordinator import PREFETCH, Run, Slot
 from lightning_maxtp.inference.plan import Devices
 from lightning_maxtp.inference.ray_plan import RayRunner, check_ray_arguments, plan_ray_actors
-from lightning_maxtp.inference.records import InferencePlan, InferenceStats, ItemError
+from lightning_maxtp.inference.records import InferencePlan, InferenceStats
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class _RayRun(Run):
         reason = f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
         self.where = {ref: where for ref, where in self.where.items() if where[0] is not actor}
         for batch in actor.assigned.values():
-            self._retry(batch, reason)
+            self._retry(batch, f"the Ray actor died ({reason})")
         actor.failures_in_row += 1
         if actor.failures_in_row > self.max_retries + 2:
             actor.handle = actor.ready_ref = None
@@ -327,21 +327,3 @@ class _RayRun(Run):
         actor.restarts += 1
         log.warning(prefixed("Ray actor #%d died (%s); starting another"), actor.worker_id, reason)
         self.backend._launch(actor)
-
-    def _retry(self, batch: Batch, reason: str) -> None:
-        if self.open.get(batch.id) is not batch:
-            return  # all its items were handed over already
-        batch.attempts += 1
-        if batch.attempts <= self.max_retries:
-            self.retries += 1
-            self.todo.appendleft(batch)
-            return
-        for index, item in batch.entries:
-            error = ItemError(
-                index, "worker", "WorkerDied",
-                f"the Ray actor died ({reason}) on this item's batch {batch.attempts} time(s); "
-                f"max_retries={self.max_retries}",
-                item_repr=repr(item)[:200],
-            )  # fmt: skip
-            self.errors.append(error)
-            self.done[index] = (False, error, batch)
