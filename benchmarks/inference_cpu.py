@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.inference_jpeg import timed
 from benchmarks.workloads.jpeg_inference import build_classifier
 
 SMOKE = {"items": 64, "size": 32, "batch_size": 16, "rounds": 1, "model": "resnet18"}
@@ -61,14 +61,6 @@ def pooled(
         count = len(pool.map(items))
         plans.append({"plan": pool.plan.to_dict(), "stats": str(pool.stats)})
     return count
-
-
-def timed(run: Callable[[], int]) -> Any:
-    from benchmarks.timing import Measurement
-
-    start = time.perf_counter()
-    samples = run()
-    return Measurement(samples=samples, seconds=time.perf_counter() - start)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -68,12 +68,12 @@ class Adaptive:
         self._slots = []
 
     def _build_inline(self) -> None:
+        import torch
+
         from lightning_maxtp.inference.runner import BatchRunner
 
         first = self.plan.workers[0] if self.plan.workers else None
         device = "cpu" if first is None or first.device == "cpu" else first.device
-        import torch
-
         # One process's torch threads, as a plain loop has; loading overlaps on a few threads.
         io = self._io_threads or (first.io_threads if first is not None and device != "cpu" else 0)
         spec = WorkerSpec(device, None, torch.get_num_threads(), io or max(1, self._cores // 2))
