@@ -50,7 +50,7 @@ def _fit(model: ConvModel, steps: int, **kwargs: Any) -> tuple[MaxThroughputCall
 
 
 def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored() -> None:
-    model = ConvModel(nan_under_autocast=True, step_sleep_s=0.005)
+    model = ConvModel(nan_under_autocast=True, step_sleep_s=0.02)
     callback, history = _fit(model, 60, allow=("precision",))
 
     trial = next(t for t in callback.trials if t.knob == "precision")
@@ -79,7 +79,7 @@ def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored(
 
 
 def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> None:
-    model = ConvModel(slow_channels_last=True, step_sleep_s=0.005)
+    model = ConvModel(slow_channels_last=True, step_sleep_s=0.02)
     callback, _ = _fit(model, 60, allow=("channels_last",))
 
     trial = next(t for t in callback.trials if t.knob == "channels_last")
@@ -96,7 +96,7 @@ def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> Non
 def test_a_kept_precision_stays_watched_and_is_undone_when_it_breaks() -> None:
     # fp32 sleeps, so bf16 pays for sure; from step 70 on autocast gives NaN losses.
     model = ConvModel(slow_fp32=True, nan_under_autocast=True, nan_from_step=70,
-                      step_sleep_s=0.005)  # fmt: skip
+                      step_sleep_s=0.02)  # fmt: skip
     callback, _ = _fit(model, 120, allow=("precision",), monitor_window_steps=10)
 
     trial = callback.trials[0]  # a loader knob may follow: bf16 makes the step wait on data
@@ -121,7 +121,7 @@ pl.seed_everything(0, verbose=False)
 cb = MaxThroughputCallback(warmup_steps=2, window_steps=8, tune_loader=False, max_trials=4,
                            verbose=False, sampler_interval_s=None, cost_share=None,
                            allow=("compile",))
-model = ConvModel()
+model = ConvModel(step_sleep_s=0.02)
 trainer = pl.Trainer(accelerator="cpu", max_steps=60, logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
 trainer.fit(model, image_loader())
@@ -149,7 +149,7 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
 
 def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back() -> None:
     matmul = torch.get_float32_matmul_precision()
-    callback, _ = _fit(ConvModel(step_sleep_s=0.005), 40)
+    callback, _ = _fit(ConvModel(step_sleep_s=0.02), 40)
 
     assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
     assert any(n.startswith("not allowed: precision, channels_last") for n in callback.tuning.notes)
@@ -167,7 +167,7 @@ pl.seed_everything(0, verbose=False)
 cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=4,
                            verbose=False, sampler_interval_s=None, cost_share=None,
                            allow=("precision", "channels_last", "fused_optimizer"))
-model = ConvModel(nan_under_autocast=True, step_sleep_s=0.005)
+model = ConvModel(nan_under_autocast=True, step_sleep_s=0.02)
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=50, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, callbacks=[cb])
@@ -190,7 +190,7 @@ def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
 
 
 def test_a_kept_math_knob_is_carried_into_the_next_fit_of_the_same_callback() -> None:
-    model = ConvModel(slow_fp32=True, step_sleep_s=0.005)
+    model = ConvModel(slow_fp32=True, step_sleep_s=0.02)
     callback, _ = _fit(model, 60, allow=("precision",), max_trials=1)
     assert callback.trials[0].kept, str(callback.trials[0])
     assert callback.state_dict()["settings"]["precision"] == "bf16-mixed"
