@@ -1,4 +1,32 @@
-"""Suite-wide fixtures: every test must leave no child process, extra thread or variable behind."""
+"""Suite-wide fixtures and scheduling.
+
+Every test must leave no child process, extra thread or variable behind (the autouse fixtures
+below; under pytest-xdist each worker checks its own tests, so they work per worker).
+
+How the suite runs (``.ci/run``, the README's test command): two passes.
+
+1. ``pytest -n 2 --dist loadgroup --serial=exclude``: every test not marked ``serial``, on two
+   xdist workers. Tests marked ``slow`` are handed out first, so that the two workers end
+   together instead of one starting a 100 s test while the other has nothing left.
+2. ``pytest --serial=only``: the tests marked ``serial``, one at a time, alone on the machine.
+
+The markers (registered in ``pyproject.toml``):
+
+* ``serial``: the test's assertion needs the machine to itself: a timing verdict that a
+  neighbour's load can flip (a knob kept only when it measurably helps, a plan that must match
+  an exhaustive sweep, a gate that must pass an unchanged job). A new test needs it when its
+  assertion compares rates or times measured on real CPU work (sleep-bound measurements are
+  usually robust; check by running it under ``-n 2`` beside a CPU hog). A test that only *makes*
+  load (DDP on the CPU, a CPU hog, a script that runs several processes) does not need it: its
+  neighbours in the parallel pass are, by definition, tests whose assertions load does not move.
+* ``slow``: the test takes more than ~10 s alone here. Only scheduling: slow tests start
+  first in the parallel pass; ``-m "not slow"`` gives a quick pass while working.
+* ``xdist_group(name)`` (pytest-xdist's own): tests sharing one expensive module-scoped
+  fixture (a Ray instance) run on one worker, so the fixture is built once.
+
+``--serial=include`` (the default) runs everything, so a plain ``pytest`` or ``pytest -n 2``
+still runs the whole suite.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +47,32 @@ import threadpoolctl  # noqa: F401  (see below)
 # happens to import them is not failed for a leak.
 
 _GRACE_S = 10.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--serial",
+        choices=("include", "exclude", "only"),
+        default="include",
+        help="tests marked serial: run them with the rest (include), leave them out (exclude: "
+        "the parallel pass) or run only them (only: the serial pass)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep or drop ``serial`` tests as ``--serial`` says; put ``slow`` tests first."""
+    mode = config.getoption("--serial")
+    if mode != "include":
+        want_serial = mode == "only"
+        selected, deselected = [], []
+        for item in items:
+            is_serial = item.get_closest_marker("serial") is not None
+            (selected if is_serial == want_serial else deselected).append(item)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+    # A stable sort: every worker collects the same order, as pytest-xdist requires.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 _SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")

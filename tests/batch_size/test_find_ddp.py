@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -47,6 +49,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_two_ranks_with_different_thresholds_adopt_the_smaller_and_train_on(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -133,6 +134,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept(
     tmp_path: Path,
 ) -> None:
@@ -180,6 +182,7 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
     ranks = rank_outputs(_DDP_SCRIPT, tmp_path, timeout=240)
     assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]

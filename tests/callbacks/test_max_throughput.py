@@ -123,6 +123,7 @@ def _cpu_hog() -> Iterator[None]:
         hog.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_knob_without_effect_is_never_kept_on_a_loaded_machine(attempt: int) -> None:
     # One read at a time (limit=1): neither a second worker nor a deeper queue loads faster, so
@@ -154,6 +155,7 @@ def test_a_knob_without_effect_is_never_kept_on_a_loaded_machine(attempt: int) -
     assert (trial.knob, trial.new) not in left
 
 
+@pytest.mark.slow
 def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back() -> None:
     cpus = inspect_resources().cpu.effective
     if cpus < 2:
@@ -257,6 +259,7 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_ddp_ranks_apply_the_same_decisions(tmp_path: Path) -> None:
     ranks = rank_outputs(_DDP_SCRIPT, tmp_path, timeout=180)
     assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
@@ -339,6 +342,7 @@ class BatchModel(IdModel):
         return DataLoader(SleepDataset(2**16, 0.0), batch_size=self.batch_size, shuffle=True)
 
 
+@pytest.mark.slow
 def test_batch_size_changes_only_when_allowed_and_the_loop_runs_on_the_new_loader() -> None:
     callback = _callback(max_trials=1, allow_batch_size_change=True)
     model = BatchModel()

@@ -132,6 +132,7 @@ if trainer.is_global_zero:
 """
 
 
+@pytest.mark.slow
 def test_ddp_rank_zero_aggregates_ranks_and_names_the_straggler(tmp_path: Path) -> None:
     out = tmp_path / "spreads.json"
     script = tmp_path / "ddp_run.py"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_every_data_path_trains_and_the_diagnosis_names_one(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "data_paths.py"), "--after", "all", "--steps",

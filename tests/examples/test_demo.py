@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None:
     demo = str(ROOT / "examples" / "demo.py")
     out = subprocess.run(

@@ -30,6 +30,10 @@ from tests.helpers.ray_models import broken_model
 
 ray = pytest.importorskip("ray")
 
+# One worker runs the whole module, so the module's Ray instance starts once (~11 s); its ~45 s
+# go out first so that they do not end the parallel pass on one worker.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
+
 BATCH = 4
 IN_FLIGHT = 3
 

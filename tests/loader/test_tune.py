@@ -45,6 +45,8 @@ def chosen(plan: LoaderPlan) -> tuple[int, int | None]:
     return plan.num_workers, plan.prefetch_factor
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_storage_bound_plan_finds_the_knee_and_matches_the_exhaustive_sweep() -> None:
     # "Storage" serving 3 reads at once: the rate grows to 3 workers, then stays flat.
     loader = DataLoader(SleepDataset(2400, sleep_s=0.004, limit=3), batch_size=8, shuffle=True)
@@ -74,6 +76,7 @@ def test_storage_bound_plan_finds_the_knee_and_matches_the_exhaustive_sweep() ->
     assert [c.num_workers for c in plan.candidates][:4] == [0, 1, 2, 4], why
 
 
+@pytest.mark.serial
 def test_cpu_heavy_decode_plan_matches_the_exhaustive_sweep() -> None:
     # JPEG decode + crop + flip: CPU-bound, so on 2 cores at most 2 workers can help. The probe
     # would give 1 (one core stays with training); here the loader gets the whole machine.

@@ -284,6 +284,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_registered_name_runs_real_ddp_on_cpu(tmp_path: Path) -> None:
     script = tmp_path / "ddp_fit.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
