@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
+
+from tests.helpers.scripts import run_example
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, cwd: Path) -> str:
-    proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=240, check=True, cwd=cwd
-    )
-    return proc.stdout
+def _run(script: str, *args: str, cwd: Path) -> str:
+    return run_example(Path(script), *args, cwd=cwd).stdout
 
 
+@pytest.mark.slow
 def test_train_with_callback_then_read_its_report(tmp_path: Path) -> None:
     report = tmp_path / "report"
     out = _run(str(ROOT / "examples" / "callback_train.py"), "--smoke", "--report-dir",
@@ -39,6 +39,7 @@ def test_one_line_example_runs_with_the_callback(tmp_path: Path) -> None:
     assert re.search(r"^with MaxThroughputCallback: 40 steps in [\d.]+ s", out, flags=re.M)
 
 
+@pytest.mark.slow
 def test_allow_all_example_shows_the_guard_undoing_a_broken_bf16(tmp_path: Path) -> None:
     out = _run(str(ROOT / "examples" / "callback_allow_all.py"), "--steps", "60", "--allow",
                "precision", "--break-bf16", cwd=tmp_path)  # fmt: skip

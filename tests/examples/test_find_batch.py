@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers.scripts import run_example
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_find_batch_example_prints_the_plan_and_trains_with_it(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "find_batch.py"), "--smoke"],
-        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    ).stdout  # fmt: skip
+    out = run_example(ROOT / "examples" / "find_batch.py", "--smoke", cwd=tmp_path).stdout
     head = re.search(r"^batch size plan: micro-batch (\d+) x 1 device\(s\) x accumulate (\d+) "
                      r"= global 256 \(was 256 x 1 = 256\)", out, re.M)  # fmt: skip
     assert head, out
