@@ -157,6 +157,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.warmup, args.tail = 3, 8
         args.warmup_callback, args.window, args.max_trials, args.loader_budget = 14, 3, 1, 2.0
         args.warmup_all, args.max_trials_all = 24, 2
+        # The plumbing needs a sweep, not the whole grid (up to 4x the CPUs in workers).
+        args.sweep_workers = args.sweep_workers or "0,1"
     return args
 
 

@@ -110,8 +110,11 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="maxtp-gpu-check-data-")
     if importlib.util.find_spec("litdata") is not None:
         t0 = time.perf_counter()
+        # A CPU run forks LitData's workers: spawned, each re-imports torch and Lightning,
+        # which took most of the smoke run's time for its 48 images.
         written = pre_encode(JpegFolderDataset(root, crop=crop), Path(tmp.name) / "enc",
-                             max_side=None, num_workers=workers)  # fmt: skip
+                             max_side=None, num_workers=workers,
+                             start_method=None if gpu else "fork")  # fmt: skip
         check(rows, "pre_encode", True, f"{written} ({time.perf_counter() - t0:.0f} s)")
         crops = v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
         stream = open_pre_encoded(Path(tmp.name) / "enc", crops, shuffle=True)

@@ -26,6 +26,7 @@ def check_names() -> list[str]:
     )
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "benchmarks/gpu_check_all.py", "--smoke", "--results-dir", str(tmp_path)],
@@ -43,6 +44,16 @@ def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) ->
     assert data["machine"]["cpus"] >= 1 and data["machine"]["device"]
     kept = sorted(p.name for p in tmp_path.glob("*.txt"))
     assert kept == sorted(f"gpu_check_{name}.txt" for name in names)
+    # gpu_check_pack's smoke mode trains two tiny jobs on the CPU and skips the GPU items.
+    pack = next(s["result"] for s in data["scripts"] if s["name"] == "pack")
+    assert {r["check"]: r["ok"] for r in pack["rows"]} == {
+        "plan on GPU": None,
+        "every job trained on cpu": True,
+        "packed vs one after another": None,
+        "peak RSS reported": True,
+        "real CUDA OOM": None,
+    }
+    assert pack["sequential_s"] > 0 and pack["packed_s"] > 0
 
 
 SCRIPTS = {
