@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from tests.helpers.models import ConvModel, image_loader
 from tests.helpers.scripts import rank_outputs, run_script
 
@@ -123,9 +124,10 @@ cb = MaxThroughputCallback(warmup_steps=2, window_steps=8, tune_loader=False, ma
                            verbose=False, sampler_interval_s=None, cost_share=None,
                            allow=("compile",))
 model = ConvModel(step_sleep_s=0.02)
-trainer = pl.Trainer(accelerator="cpu", max_steps=60, logger=False, enable_checkpointing=False,
+trainer = pl.Trainer(accelerator="cpu", max_steps=80, logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
-trainer.fit(model, image_loader())
+# 32x32 images and 80 steps: see the DDP script below.
+trainer.fit(model, image_loader(1024, side=32))
 compiled = [m for m in model.children() if getattr(m, "_compiled_call_impl", None)]
 out = {{"trials": [(t.knob, t.verdict, t.kept) for t in cb.trials], "compiled": bool(compiled),
         "switch_s": cb.tuning.cost.switch_s, "cost": str(cb.tuning.cost),
@@ -141,8 +143,11 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
     # In its own process: inductor keeps a compile thread pool for the process's lifetime.
     printed = run_script(_COMPILE_SCRIPT, tmp_path, timeout=300)
     out = json.loads(printed.strip().splitlines()[-1])
-    ((knob, verdict, kept),) = out["trials"]
-    assert knob == "compile" and verdict in ("kept", "reverted", "undecided")
+    # One compile trial. On a loaded machine (the parallel test pass) the loop's own time between
+    # steps can read as data wait and a loader trial come first: that is not what this tests.
+    ((_, verdict, kept),) = [t for t in out["trials"] if t[0] == "compile"]
+    assert {t[0] for t in out["trials"]} <= {"compile", *LOADER_KNOBS}, out["trials"]
+    assert verdict in ("kept", "reverted", "undecided")
     assert out["compiled"] == kept
     assert out["switch_s"] > 0.2, out  # compiling: in no window, yet counted
     assert "switching math knobs (compiling)" in out["cost"]
@@ -173,7 +178,9 @@ model = ConvModel(nan_under_autocast=True, step_sleep_s=0.02)
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=50, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, callbacks=[cb])
-trainer.fit(model, image_loader(1024))
+# 32x32 images: two ranks on busy cores inflate the loop's own time between steps, which counts
+# as data wait; at 8x8 it once passed 5 % and the loop tried the loader instead of bf16.
+trainer.fit(model, image_loader(1024, side=32))
 out = {{"trials": [(t.knob, t.new, t.verdict) for t in cb.trials],
         "settings": {{k: str(v) for k, v in cb.tuning.settings.items()}},
         "checksum": float(sum(p.double().sum() for p in model.parameters()))}}

@@ -55,8 +55,12 @@ def ray_instance() -> Iterator[None]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report sent anywhere
     ray.init(
         num_cpus=2, include_dashboard=False, log_to_driver=False,
-        # Idle workers exit at once: each test must leave no child process behind.
-        _system_config={"num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 100},
+        # Idle workers exit at once: each test must leave no child process behind. Ray starts
+        # its workers at nice 15; beside other tests at nice 0 (the parallel pass) they starved:
+        # this module took 276 s there against 44 s alone, and with two busy loops beside it the
+        # shared actors were not ready in 60 s. At nice 0 they take their share.
+        _system_config={"num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 100,
+                        "worker_niceness": 0},
     )  # fmt: skip
     with warnings.catch_warnings():  # Ray Data's context warns about its own old fields
         warnings.simplefilter("ignore", DeprecationWarning)
