@@ -5,9 +5,10 @@ below; under pytest-xdist each worker checks its own tests, so they work per wor
 
 How the suite runs (``.ci/run``, the README's test command): two passes.
 
-1. ``pytest -n 2 --dist loadgroup --serial=exclude``: every test not marked ``serial``, on two
-   xdist workers. Tests marked ``slow`` are handed out first, so that the two workers end
-   together instead of one starting a 100 s test while the other has nothing left.
+1. ``pytest -n <cores + 1> --dist loadgroup --serial=exclude``: every test not marked
+   ``serial``, on xdist workers (with ``OMP_WAIT_POLICY=PASSIVE``: see ``.ci/run``). Tests marked
+   ``slow`` are handed out first, so that the workers end together instead of one starting a
+   100 s test while the others have nothing left.
 2. ``pytest --serial=only``: the tests marked ``serial``, one at a time, alone on the machine.
 
 The markers (registered in ``pyproject.toml``):
