@@ -65,7 +65,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mode = config.getoption("--serial")
     if mode != "include":
         want_serial = mode == "only"
-        selected, deselected = [], []
+        selected: list[pytest.Item] = []
+        deselected: list[pytest.Item] = []
         for item in items:
             is_serial = item.get_closest_marker("serial") is not None
             (selected if is_serial == want_serial else deselected).append(item)
