@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks import allow_cpu
-from tests.helpers.scripts import process_state_kept
+from tests.helpers.scripts import smoke_json
 
 
 @pytest.mark.slow
 def test_smoke_times_defaults_safe_and_all_on_both_jobs(capsys: pytest.CaptureFixture[str]) -> None:
-    # In this process: a fresh interpreter would spend ~8 s importing torch and Lightning again.
-    with process_state_kept():
-        returned = allow_cpu.main(["--smoke"])
-    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the one JSON line
-    assert data == json.loads(json.dumps(returned))
+    data = smoke_json(allow_cpu.main, capsys)
     assert data["benchmark"] == "allow_cpu" and data["smoke"] is True
     assert set(data["wall_ratios"]) == {"long", "short"}
     for job in data["jobs"].values():

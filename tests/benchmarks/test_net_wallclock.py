@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks import net_wallclock
-from tests.helpers.scripts import process_state_kept
+from tests.helpers.scripts import smoke_json
 
 
 @pytest.mark.slow
 def test_smoke_times_every_job_with_and_without_the_callback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # In this process: a fresh interpreter would spend ~8 s importing torch and Lightning again.
-    with process_state_kept():
-        returned = net_wallclock.main(["--smoke"])
-    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the one JSON line
-    assert data == json.loads(json.dumps(returned))
+    data = smoke_json(net_wallclock.main, capsys)
     assert data["benchmark"] == "net_wallclock" and data["smoke"] is True
     assert set(data["ratios"]) == {"long_data_bound", "short_data_bound", "already_tuned"}
     for job in data["jobs"].values():

@@ -11,10 +11,12 @@ import runpy
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,3 +117,18 @@ def run_example(script: Path, *args: str, cwd: Path, check: bool = True) -> Ran:
     if check and code != 0:
         raise AssertionError(f"{script.name} exited with {code}:\n{ran.stdout}\n{ran.stderr}")
     return ran
+
+
+def smoke_json(
+    main: Callable[[list[str]], dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> Any:
+    """Run a benchmark's ``main(["--smoke"])`` in this process; its printed JSON line, parsed.
+
+    In-process: a fresh interpreter would spend ~8 s importing torch and Lightning again. The
+    printed line must be what ``main`` returned.
+    """
+    with process_state_kept():
+        returned = main(["--smoke"])
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the one JSON line
+    assert data == json.loads(json.dumps(returned))
+    return data
