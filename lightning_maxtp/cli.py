@@ -204,10 +204,11 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "bench",
         help="time your training job (defaults vs MaxThroughputCallback) and gate on a baseline",
         description="Time the training job TARGET returns, once per configuration per round, "
-        "each run in a fresh process, rounds alternating. Records steady samples/s after "
-        "warm-up, the whole fit's wall-clock and their spread, next to a small reference "
-        "workload timed in the same process. With --baseline it exits 1 when a metric fell by "
-        "more than --max-regression and beyond the measured spread.",
+        "each run in a fresh process (forked from one that imported torch and Lightning once; "
+        "MAXTP_BENCH_FORK=0 for a new interpreter per run), rounds alternating. Records steady "
+        "samples/s after warm-up, the whole fit's wall-clock and their spread, next to a small "
+        "reference workload timed in the same process. With --baseline it exits 1 when a metric "
+        "fell by more than --max-regression and beyond the measured spread.",
         epilog="TARGET: FILE.py:FUNCTION or package.module:FUNCTION; the function returns a dict "
         "(or lightning_maxtp.bench.BenchJob) with 'model' (a LightningModule), 'datamodule' or "
         "'train_dataloaders', and optionally 'trainer_kwargs'. Exit codes: 0 passed, 1 "

@@ -1,7 +1,8 @@
-"""One timed fit in a fresh interpreter: ``python -m lightning_maxtp.bench.child ...``.
+"""One timed fit in a fresh process: ``python -m lightning_maxtp.bench.child ...``.
 
-The parent (``run_bench``) starts one of these per configuration and round, so no run inherits
-another's caches, threads or allocator state. It writes one JSON record to ``--out``: the
+The parent (``run_bench``) starts one of these per configuration and round (forked from the
+bench's fork server where it can), so no run inherits another's caches, threads or allocator
+state. It writes one JSON record to ``--out``: the
 reference workload's rate, the steady samples/s after warm-up, the whole fit's wall-clock, and
 for ``maxtp`` what the callback changed. A failure is written there too, as its last line.
 """

@@ -1,14 +1,18 @@
 """``run_bench``: every configuration of a job in fresh processes, rounds alternating.
 
 Round r runs every configuration once, in the given order (A, B, A, B, ...), so a machine that
-drifts over minutes drifts for all of them alike. Each run is a new interpreter
-(``lightning_maxtp.bench.child``): nothing warmed by one configuration helps the next. This
-module starts processes only; it imports neither torch nor lightning.
+drifts over minutes drifts for all of them alike. Each run is a fresh process running
+``lightning_maxtp.bench.child``: nothing warmed by one configuration helps the next. Where it
+can, it is forked from one server that imported torch and Lightning once
+(``lightning_maxtp.bench.forkserver``); otherwise it is a new interpreter. This module starts
+processes only; it imports neither torch nor lightning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -19,11 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from lightning_maxtp.bench.forkserver import ForkServer, fork_allowed
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
 from lightning_maxtp.bench.target import BenchTargetError, check_function, parse_target
 
 __all__ = ["BenchRunError", "run_bench"]
+
+logger = logging.getLogger(__name__)
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,23 +115,31 @@ def _stderr() -> Any:
 
 
 def _run_child(
-    command: list[str],
+    argv: list[str],
     out: Path,
     env: dict[str, str],
+    server: ForkServer | None,
     *,
     timeout_s: float,
     verbose: bool,
     what: str,
 ) -> dict[str, Any]:
     log = out.with_suffix(".log")
-    with log.open("w") as sink:
-        try:
-            done = subprocess.run(
-                command, env=env, timeout=timeout_s, check=False, text=True,
-                stdout=_stderr() if verbose else sink, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise BenchRunError(f"{what} did not finish in {timeout_s:.0f} s (--timeout)") from None
+    code: int | None
+    if server is not None:
+        code = server.run(argv, None if verbose else log, timeout_s)
+    else:
+        with log.open("w") as sink:
+            try:
+                code = subprocess.run(
+                    [sys.executable, "-m", "lightning_maxtp.bench.child", *argv], env=env,
+                    timeout=timeout_s, check=False, text=True,
+                    stdout=_stderr() if verbose else sink, stderr=subprocess.STDOUT,
+                ).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = None
+    if code is None:
+        raise BenchRunError(f"{what} did not finish in {timeout_s:.0f} s (--timeout)")
     if out.is_file():
         record: dict[str, Any] = json.loads(out.read_text())
         if "error" not in record:
@@ -133,10 +148,30 @@ def _run_child(
         if record.get("stage") == "target":
             raise BenchTargetError(message)
         raise BenchRunError(message)
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line for line in text.splitlines() if line.strip()]
     last = lines[-1].strip() if lines else "no output"
-    code = done.returncode
     raise BenchRunError(f"{what} exited with code {code} before writing a result: {last}")
+
+
+def _server(env: dict[str, str], verbose: bool, tmp: Path) -> ForkServer | None:
+    """A fork server for the children, or None where each must be a fresh interpreter."""
+    if not fork_allowed(env):
+        return None
+    stderr = _stderr() if verbose else (tmp / "forkserver.log").open("w")
+    try:
+        server = ForkServer(env, stderr)
+    except OSError as err:
+        logger.debug("bench: no fork server (%s); each run is a new interpreter", err)
+        return None
+    finally:
+        if not verbose:
+            stderr.close()
+    if not server.ready:
+        logger.debug("bench: no fork server (%s); each run is a new interpreter", server.why)
+        server.close()
+        return None
+    return server
 
 
 def run_bench(
@@ -191,30 +226,31 @@ def run_bench(
     runs: list[dict[str, Any]] = []
     machine: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as tmp:
-        for r in range(1, rounds + 1):
-            for config in configs:
-                out = Path(tmp) / f"r{r}-{config}.json"
-                command = [sys.executable, "-m", "lightning_maxtp.bench.child", "--target", text,
-                           "--config", config, "--steps", str(steps), "--warmup", str(warmup),
-                           "--out", str(out)]  # fmt: skip
-                if accelerator is not None:
-                    command += ["--accelerator", accelerator]
-                if not runs:
-                    command.append("--probe")
-                what = f"{text} (config {config}, round {r})"
-                record = _run_child(command, out, child_env, timeout_s=timeout_s,
-                                    verbose=verbose, what=what)  # fmt: skip
-                record["round"] = r
-                machine = record.pop("machine", machine)
-                runs.append(record)
-                if progress is not None and not quiet:
-                    print(
-                        f"maxtp bench: round {r}/{rounds} {config}: "
-                        f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
-                        f"{record['fit_seconds']:.1f} s, reference "
-                        f"{record['reference_samples_per_s']:.0f}/s",
-                        file=progress, flush=True,
-                    )  # fmt: skip
+        server = _server(child_env, verbose, Path(tmp))
+        with server if server is not None else contextlib.nullcontext():
+            for r in range(1, rounds + 1):
+                for config in configs:
+                    out = Path(tmp) / f"r{r}-{config}.json"
+                    argv = ["--target", text, "--config", config, "--steps", str(steps),
+                            "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+                    if accelerator is not None:
+                        argv += ["--accelerator", accelerator]
+                    if not runs:
+                        argv.append("--probe")
+                    what = f"{text} (config {config}, round {r})"
+                    record = _run_child(argv, out, child_env, server, timeout_s=timeout_s,
+                                        verbose=verbose, what=what)  # fmt: skip
+                    record["round"] = r
+                    machine = record.pop("machine", machine)
+                    runs.append(record)
+                    if progress is not None and not quiet:
+                        print(
+                            f"maxtp bench: round {r}/{rounds} {config}: "
+                            f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
+                            f"{record['fit_seconds']:.1f} s, reference "
+                            f"{record['reference_samples_per_s']:.0f}/s",
+                            file=progress, flush=True,
+                        )  # fmt: skip
     versions = dict(runs[-1].get("versions") or {})
     return BenchResult(
         target=text,

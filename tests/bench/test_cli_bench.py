@@ -114,7 +114,12 @@ def test_bad_targets_exit_2_with_one_line(
     [
         ("raises", {}, "FileNotFoundError: data/train.csv"),
         ("not_a_job", {}, "returned list; return a dict"),
-        ("job", {"MAXTP_TEST_FAIL_AT": "2"}, "RuntimeError: planted failure at step 2"),
+        # with each run a new interpreter, as where the bench cannot fork its runs
+        (
+            "job",
+            {"MAXTP_TEST_FAIL_AT": "2", "MAXTP_BENCH_FORK": "0"},
+            "RuntimeError: planted failure at step 2",
+        ),
     ],
 )
 def test_a_job_that_fails_to_build_or_run_exits_2_with_its_last_line(
