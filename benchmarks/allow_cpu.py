@@ -60,18 +60,18 @@ def _module() -> Any:
     return SmallConvNet()
 
 
-def _loader(samples: int) -> Any:
-    """Random 3x32x32 images with 10 classes, in memory, batches of 64."""
+def _loader(samples: int, side: int) -> Any:
+    """Random 3 x side x side images with 10 classes, in memory, batches of 64."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(min(samples, 8192), 3, 32, 32, generator=generator)
+    images = torch.randn(min(samples, 8192), 3, side, side, generator=generator)
     labels = torch.randint(0, 10, (len(images),), generator=generator)
     return DataLoader(TensorDataset(images, labels), batch_size=64, shuffle=True)
 
 
-def fit_once(steps: int, config: str) -> dict[str, Any]:
+def fit_once(steps: int, config: str, side: int = 32) -> dict[str, Any]:
     """One fresh fit: its wall-clock, its last quarter's rate and what the callback did."""
     import lightning.pytorch as pl
 
@@ -87,7 +87,7 @@ def fit_once(steps: int, config: str) -> dict[str, Any]:
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[c for c in (cb, timer) if c is not None],
     )  # fmt: skip
-    loader = _loader(steps * 64)
+    loader = _loader(steps * 64, side)
     start = time.perf_counter()
     trainer.fit(_module(), loader)
     out: dict[str, Any] = {"seconds": time.perf_counter() - start}
@@ -102,19 +102,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run every job A/B/C for ``--rounds`` rounds; print a table, then one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: the plumbing only")
+    parser.add_argument("--smoke", action="store_true",
+                        help="24 steps of 8x8 images per fit: the plumbing only")  # fmt: skip
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path)
     args = parser.parse_args(argv)
     jobs = {name: max(24, steps // 40) for name, steps in JOBS.items()} if args.smoke else JOBS
-    rounds = 1 if args.smoke else args.rounds
+    rounds, side = (1, 8) if args.smoke else (args.rounds, 32)
     commit, dirty = git_state()
     results: dict[str, Any] = {}
     for name, steps in jobs.items():
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
         for r in range(rounds):
             for config, done in runs.items():
-                run = fit_once(steps, config)
+                run = fit_once(steps, config, side)
                 done.append(run)
                 rate = run["tail_samples_per_s"]
                 print(f"{name} round {r + 1}/{rounds} {config}: {run['seconds']:.1f} s, tail "

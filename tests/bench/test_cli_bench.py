@@ -41,7 +41,7 @@ def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 @pytest.mark.slow
 def test_a_planted_slowdown_fails_the_gate_and_the_unchanged_job_passes(tmp_path: Path) -> None:
     # Two rounds for the baseline (the gate needs its spread), one for each run checked
-    # against it: a round is a fresh process that imports Lightning (~10 s of this test each).
+    # against it: each bench pays one import of Lightning (~7 s here), its rounds are forked.
     base, common = tmp_path / "base.json", (f"{JOBS}:job", "--configs", "defaults", *QUICK)
     done = bench(*common, "--rounds", "2", "--json", str(base))
     assert done.returncode == 0, done.stderr
