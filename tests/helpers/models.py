@@ -60,7 +60,9 @@ class ConvModel(pl.LightningModule):
         nan_from_step: ... from this training step on.
         slow_channels_last: Each step sleeps 60 ms while the weights are channels_last (a
             layout slower here, whatever the machine's load).
-        slow_fp32: Each step sleeps 60 ms outside autocast (mixed precision pays for sure).
+        slow_fp32: Each step sleeps 150 ms outside autocast (mixed precision pays for sure: on
+            an AVX2-only CPU beside two other test processes, a bf16 step of 8x8 images took
+            ~90 ms against ~25 ms in fp32, more than a 60 ms sleep made up for).
         step_sleep_s: Every step sleeps this long: the step, not the loader, sets the pace
             even on a loaded machine (a data-bound reading would send the loop to the loader).
     """
@@ -97,8 +99,10 @@ class ConvModel(pl.LightningModule):
         if self.nan_under_autocast and autocast and self.global_step >= self.nan_from_step:
             loss = loss * float("nan")
         slow_layout = self.slow_channels_last and not self.net[0].weight.is_contiguous()
-        if slow_layout or (self.slow_fp32 and not autocast):
+        if slow_layout:
             time.sleep(0.06)  # far beyond what another job's load moves a step
+        if self.slow_fp32 and not autocast:
+            time.sleep(0.15)
         time.sleep(self.step_sleep_s)
         self.losses.append(float(loss.detach()))
         return loss
