@@ -1,7 +1,9 @@
 """Every private Lightning API the DataLoader plan needs, in one place.
 
-Checked on Lightning 2.6.6 (``CHECKED_LIGHTNING_VERSIONS``); ``tests/test_lightning_private.py``
-fails loudly if a name below moves. What is used, and why:
+Checked on the Lightning releases ``pyproject.toml`` allows, 2.6.6 up to 2.7
+(``CHECKED_LIGHTNING``: a newer 2.6 patch release gets no warning, any other release one
+warning per process); ``tests/loader/test_lightning_private.py`` fails loudly if a name below
+moves. What is used, and why:
 
 * ``lightning.pytorch.utilities.data._get_dataloader_init_args_and_kwargs(dl, sampler)``: the
   arguments a DataLoader was built with (recorded by Lightning for loaders made inside
@@ -22,7 +24,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,16 +32,18 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 __all__ = [
-    "CHECKED_LIGHTNING_VERSIONS",
+    "CHECKED_LIGHTNING",
     "DataLoaderTransform",
     "dataloader_transform",
     "install_dataloader_transform",
+    "lightning_checked",
     "lightning_worker_seeding",
     "rebuild_dataloader",
     "stage_name",
 ]
 
-CHECKED_LIGHTNING_VERSIONS = ("2.6.6",)
+CHECKED_LIGHTNING = ((2, 6, 6), (2, 7))
+"""The Lightning releases the helpers below are checked on: at least the first, below the second."""
 
 DataLoaderTransform = Callable[[object, str | None, "pl.Trainer"], object]
 """``(dataloader, stage, trainer) -> dataloader``; stage is ``train``, ``val``, ``test``..."""
@@ -51,6 +55,18 @@ _STAGES = {
     "test": "test",
     "predict": "predict",
 }
+
+
+def lightning_checked(version: str) -> bool:
+    """Whether Lightning ``version`` is in ``CHECKED_LIGHTNING`` (by release: ``2.6.7.dev1`` is)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        return False
+    low, high = CHECKED_LIGHTNING
+    return low <= release < high
 
 
 def stage_name(trainer: pl.Trainer) -> str | None:
@@ -141,14 +157,22 @@ def install_dataloader_transform(trainer: pl.Trainer, transform: DataLoaderTrans
     if isinstance(current, _ProcessDataloaderHook):
         current.transform = transform
         return
-    if lightning.__version__ not in CHECKED_LIGHTNING_VERSIONS:
-        from lightning_maxtp._log import rank_zero_warn
-
-        rank_zero_warn(
-            f"DataLoaders are rebuilt with private Lightning helpers checked on "
-            f"Lightning {', '.join(CHECKED_LIGHTNING_VERSIONS)}; found {lightning.__version__}."
-        )
+    if not lightning_checked(lightning.__version__):
+        _warn_unchecked(lightning.__version__)
     strategy.process_dataloader = _ProcessDataloaderHook(strategy, current, transform)  # type: ignore[method-assign]
+
+
+@cache
+def _warn_unchecked(version: str) -> None:
+    """Once per process and version: the private helpers were not checked on this Lightning."""
+    from lightning_maxtp._log import rank_zero_warn
+
+    low, high = (".".join(map(str, v)) for v in CHECKED_LIGHTNING)
+    rank_zero_warn(
+        f"DataLoaders are rebuilt with private Lightning helpers checked on Lightning "
+        f">={low},<{high}; found {version}. If a DataLoader fails to rebuild, install "
+        f"lightning>={low},<{high}."
+    )
 
 
 def dataloader_transform(trainer: pl.Trainer) -> DataLoaderTransform | None:

@@ -19,12 +19,32 @@ from tests.helpers.loader_data import SleepDataset
 
 
 def test_checked_versions_cover_the_installed_lightning() -> None:
-    assert lightning.__version__ in private.CHECKED_LIGHTNING_VERSIONS
+    assert private.lightning_checked(lightning.__version__)
     from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
     from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 
     assert callable(_reinstantiate_wrapped_cls) and callable(_get_dataloader_init_args_and_kwargs)
     assert "process_dataloader" in vars(pl.strategies.Strategy)
+
+
+@pytest.mark.parametrize(
+    ("version", "checked"),
+    [("2.6.6", True), ("2.6.7", True), ("2.6.12", True), ("2.6.7.dev1", True),
+     ("2.6.6.post1", True), ("2.6.5", False), ("2.6.6rc1", True), ("2.7.0", False),
+     ("2.7.0rc1", False), ("3.0", False), ("not-a-version", False)],
+)  # fmt: skip
+def test_checked_is_the_release_range_pyproject_allows(version: str, checked: bool) -> None:
+    assert private.lightning_checked(version) is checked
+
+
+def test_outside_the_range_one_warning_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lightning, "__version__", "2.7.1")
+    private._warn_unchecked.cache_clear()
+    with pytest.warns(UserWarning, match=r"checked on Lightning >=2.6.6,<2.7; found 2.7.1") as got:
+        for _ in range(2):
+            trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+            private.install_dataloader_transform(trainer, lambda dl, stage, trainer: dl)
+    assert len([w for w in got if "private Lightning helpers" in str(w.message)]) == 1
 
 
 def collate(batch: list[Any]) -> list[Any]:
