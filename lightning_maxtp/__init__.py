@@ -25,6 +25,7 @@ _LAZY = {
     "JobContext": "lightning_maxtp.observe",
     "JobSpec": "lightning_maxtp.pack",
     "KernelCapture": "lightning_maxtp.observe",
+    "KnobTrial": "lightning_maxtp.callbacks",
     "LoaderPlan": "lightning_maxtp.loader",
     "MaxThroughputCallback": "lightning_maxtp.callbacks",
     "ModelSize": "lightning_maxtp.strategy",
@@ -34,6 +35,8 @@ _LAZY = {
     "StepClock": "lightning_maxtp.callbacks",
     "StrategyPlan": "lightning_maxtp.strategy",
     "ThroughputReport": "lightning_maxtp.observe",
+    "TuningConfig": "lightning_maxtp.callbacks",
+    "TuningSummary": "lightning_maxtp.callbacks",
     "Window": "lightning_maxtp.observe",
     "apply_loader_plan": "lightning_maxtp.loader",
     "diagnose": "lightning_maxtp.observe",
@@ -56,6 +59,7 @@ __all__ = [
     "JobContext",
     "JobSpec",
     "KernelCapture",
+    "KnobTrial",
     "LoaderPlan",
     "MaxThroughputCallback",
     "ModelSize",
@@ -65,6 +69,8 @@ __all__ = [
     "StepClock",
     "StrategyPlan",
     "ThroughputReport",
+    "TuningConfig",
+    "TuningSummary",
     "Window",
     "__version__",
     "apply_loader_plan",
@@ -80,7 +86,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
-    from lightning_maxtp.callbacks import BottleneckMonitor, MaxThroughputCallback, StepClock
+    from lightning_maxtp.callbacks import (
+        BottleneckMonitor,
+        KnobTrial,
+        MaxThroughputCallback,
+        StepClock,
+        TuningConfig,
+        TuningSummary,
+    )
     from lightning_maxtp.inference import BatchInferencePool
     from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
     from lightning_maxtp.observe import (

@@ -9,7 +9,16 @@ time, and only the top level imports it.
 """
 
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
+from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.max_throughput import MaxThroughputCallback
 from lightning_maxtp.callbacks.step_clock import StepClock
+from lightning_maxtp.callbacks.trials import KnobTrial, TuningSummary
 
-__all__ = ["BottleneckMonitor", "MaxThroughputCallback", "StepClock"]
+__all__ = [
+    "BottleneckMonitor",
+    "KnobTrial",
+    "MaxThroughputCallback",
+    "StepClock",
+    "TuningConfig",
+    "TuningSummary",
+]
