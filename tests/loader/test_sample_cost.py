@@ -38,6 +38,34 @@ def test_decode_share_of_a_dataset_that_lists_its_files(tmp_path: Path) -> None:
     assert costs.to_dict()["decode_share"] == costs.decode_share
 
 
+class PreemptedBytes(torch.utils.data.Dataset[tuple[bytes, int]]):
+    """Returns its file's bytes (no decode), but most reads are stalled 3 ms, as a process
+    preempted on a loaded machine is: the median read is slower than a decode."""
+
+    def __init__(self, samples: list[tuple[Path, int]]) -> None:
+        self.samples, self.calls = samples, 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        self.calls += 1
+        if self.calls % 4:  # 3 of every 4 reads; spins, as sleep overshoots by milliseconds here
+            until = time.perf_counter() + 0.003
+            while time.perf_counter() < until:
+                pass
+        path, label = self.samples[index]
+        return path.read_bytes(), label
+
+
+def test_a_dataset_returning_bytes_does_not_decode_though_most_reads_stall(
+    tmp_path: Path,
+) -> None:
+    costs = measure_sample_costs(PreemptedBytes(write_jpegs(tmp_path, 8)), count=8)
+    assert costs is not None and costs.files == "jpeg" and costs.per_sample_s >= 0.003
+    assert costs.decode_s is None and costs.decode_share is None
+
+
 def test_what_cannot_be_timed_is_none_and_the_budget_stops_early(tmp_path: Path) -> None:
     assert measure_sample_costs(torch.utils.data.TensorDataset(torch.zeros(4))).decode_s is None
 
