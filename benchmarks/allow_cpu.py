@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run every job A/B/C for ``--rounds`` rounds; print a table, then one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true",
-                        help="24 steps of 8x8 images per fit: the plumbing only")  # fmt: skip
+    parser.add_argument(
+        "--smoke", action="store_true", help="24 steps of 8x8 images per fit: the plumbing only"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path)
     args = parser.parse_args(argv)

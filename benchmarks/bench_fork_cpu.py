@@ -47,17 +47,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             start = time.perf_counter()
             result = run_bench(JOB, steps=steps, warmup=5, rounds=rounds, env=env, quiet=True)
             wall = time.perf_counter() - start
-            per_ref = [r["steady_samples_per_s"] / r["reference_samples_per_s"]
-                       for r in result.runs]  # fmt: skip
+            per_ref = [
+                r["steady_samples_per_s"] / r["reference_samples_per_s"] for r in result.runs
+            ]
             runs[way].append({"wall_s": wall, "steady_per_reference": per_ref})
-            print(f"pair {i + 1}/{pairs} {way}: {wall:.1f} s, steady per reference "
-                  f"{statistics.median(per_ref):.3f}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"pair {i + 1}/{pairs} {way}: {wall:.1f} s, steady per reference "
+                f"{statistics.median(per_ref):.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     wall = {w: statistics.median(r["wall_s"] for r in v) for w, v in runs.items()}
-    rate = {w: statistics.median(x for r in v for x in r["steady_per_reference"])
-            for w, v in runs.items()}  # fmt: skip
-    spread = {w: max(x for r in v for x in r["steady_per_reference"]) /
-              min(x for r in v for x in r["steady_per_reference"]) - 1
-              for w, v in runs.items()}  # fmt: skip
+    rate = {
+        w: statistics.median(x for r in v for x in r["steady_per_reference"])
+        for w, v in runs.items()
+    }
+    spread = {
+        w: max(x for r in v for x in r["steady_per_reference"])
+        / min(x for r in v for x in r["steady_per_reference"])
+        - 1
+        for w, v in runs.items()
+    }
     lines = [
         f"maxtp bench, children forked vs fresh interpreters: {pairs} pair(s), each a "
         f"run_bench of defaults+maxtp, {rounds} round(s) of {steps} steps",
@@ -67,11 +77,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{rate['forked'] / rate['fresh']:.2f}x",
     ]
     commit, dirty = git_state()
-    record = {"benchmark": "bench_fork_cpu", "smoke": args.smoke, "git_commit": commit,
-              "git_dirty": dirty, "pairs": pairs, "rounds": rounds, "steps": steps,
-              "runs": runs, "median_wall_s": wall, "median_steady_per_reference": rate,
-              "wall_ratio": wall["forked"] / wall["fresh"],
-              "steady_ratio": rate["forked"] / rate["fresh"]}  # fmt: skip
+    record = {
+        "benchmark": "bench_fork_cpu",
+        "smoke": args.smoke,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "pairs": pairs,
+        "rounds": rounds,
+        "steps": steps,
+        "runs": runs,
+        "median_wall_s": wall,
+        "median_steady_per_reference": rate,
+        "wall_ratio": wall["forked"] / wall["fresh"],
+        "steady_ratio": rate["forked"] / rate["fresh"],
+    }
     emit("\n".join(lines), record, json_out=args.out, table_out=args.table)
     return record
 

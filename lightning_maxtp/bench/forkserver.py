@@ -5,8 +5,9 @@ another run), which a new interpreter gives, at the price of importing torch and
 again: ~7 s per run on a 2-CPU machine, more than the fit itself in a short CI gate. A fork
 server pays that import once: a process that imports torch, Lightning and this package, never
 runs anything, and forks one child per run. A forked child holds the imported modules and
-nothing else; it runs ``lightning_maxtp.bench.child.main`` exactly as ``python -m`` would, its
-output in its own log, its exit code reported back.
+nothing else; it calls ``lightning_maxtp.bench.child.main`` with the run's arguments (what
+``python -m lightning_maxtp.bench.child`` runs), its output in its own log, its exit code
+reported back.
 
 The server is used only where forking after these imports is safe: on Linux, and only when the
 imports left CUDA uninitialized (a forked child cannot use a CUDA context made before the
@@ -54,9 +55,12 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], stderr: Any, ready_timeout_s: float = 300.0) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "lightning_maxtp.bench.forkserver"], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-        )  # fmt: skip
+            [sys.executable, "-m", "lightning_maxtp.bench.forkserver"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
         assert self._proc.stdout is not None and self._proc.stdin is not None
         self._out: IO[bytes] = self._proc.stdout
         self._in: IO[bytes] = self._proc.stdin

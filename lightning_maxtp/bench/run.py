@@ -77,8 +77,9 @@ def _check(configs: Sequence[str], steps: int, warmup: int, rounds: int) -> None
 def _git() -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  check=False)  # fmt: skip
+            done = subprocess.run(
+                ["git", *args], capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
@@ -127,15 +128,22 @@ def _run_child(
     log = out.with_suffix(".log")
     code: int | None
     if server is not None:
-        code = server.run(argv, None if verbose else log, timeout_s)
+        try:
+            code = server.run(argv, None if verbose else log, timeout_s)
+        except RuntimeError as err:  # the server died: the run is lost, say so in one line
+            raise BenchRunError(f"{what}: {err}") from None
     else:
         with log.open("w") as sink:
             try:
                 code = subprocess.run(
-                    [sys.executable, "-m", "lightning_maxtp.bench.child", *argv], env=env,
-                    timeout=timeout_s, check=False, text=True,
-                    stdout=_stderr() if verbose else sink, stderr=subprocess.STDOUT,
-                ).returncode  # fmt: skip
+                    [sys.executable, "-m", "lightning_maxtp.bench.child", *argv],
+                    env=env,
+                    timeout=timeout_s,
+                    check=False,
+                    text=True,
+                    stdout=_stderr() if verbose else sink,
+                    stderr=subprocess.STDOUT,
+                ).returncode
             except subprocess.TimeoutExpired:
                 code = None
     if code is None:
@@ -231,15 +239,32 @@ def run_bench(
             for r in range(1, rounds + 1):
                 for config in configs:
                     out = Path(tmp) / f"r{r}-{config}.json"
-                    argv = ["--target", text, "--config", config, "--steps", str(steps),
-                            "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+                    argv = [
+                        "--target",
+                        text,
+                        "--config",
+                        config,
+                        "--steps",
+                        str(steps),
+                        "--warmup",
+                        str(warmup),
+                        "--out",
+                        str(out),
+                    ]
                     if accelerator is not None:
                         argv += ["--accelerator", accelerator]
                     if not runs:
                         argv.append("--probe")
                     what = f"{text} (config {config}, round {r})"
-                    record = _run_child(argv, out, child_env, server, timeout_s=timeout_s,
-                                        verbose=verbose, what=what)  # fmt: skip
+                    record = _run_child(
+                        argv,
+                        out,
+                        child_env,
+                        server,
+                        timeout_s=timeout_s,
+                        verbose=verbose,
+                        what=what,
+                    )
                     record["round"] = r
                     machine = record.pop("machine", machine)
                     runs.append(record)
@@ -249,8 +274,9 @@ def run_bench(
                             f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
                             f"{record['fit_seconds']:.1f} s, reference "
                             f"{record['reference_samples_per_s']:.0f}/s",
-                            file=progress, flush=True,
-                        )  # fmt: skip
+                            file=progress,
+                            flush=True,
+                        )
     versions = dict(runs[-1].get("versions") or {})
     return BenchResult(
         target=text,

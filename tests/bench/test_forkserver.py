@@ -30,8 +30,18 @@ JOBS = """
 
 
 def argv(jobs: Path, function: str, out: Path) -> list[str]:
-    return ["--target", f"{jobs}:{function}", "--config", "defaults", "--steps", "1",
-            "--warmup", "1", "--out", str(out)]  # fmt: skip
+    return [
+        "--target",
+        f"{jobs}:{function}",
+        "--config",
+        "defaults",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
@@ -45,8 +55,10 @@ def test_runs_are_forked_from_one_server_each_with_its_exit_log_and_time_limit(
     env = {**run._child_env(None, with_sys_path=False), "WHO_DIR": str(who)}
     with ForkServer(env, subprocess.DEVNULL) as server:
         assert server.ready, server.why
-        codes = [server.run(argv(jobs, "who", tmp_path / f"{i}.json"), tmp_path / f"{i}.log", 60)
-                 for i in range(2)]  # fmt: skip
+        codes = [
+            server.run(argv(jobs, "who", tmp_path / f"{i}.json"), tmp_path / f"{i}.log", 60)
+            for i in range(2)
+        ]
         # A run that outlives its limit is killed; the server goes on with the next one.
         start = time.monotonic()
         assert server.run(argv(jobs, "hangs", tmp_path / "h.json"), None, 3.0) is None
@@ -83,3 +95,21 @@ def test_each_run_is_a_new_interpreter_where_forking_is_off_or_unsafe(
     monkeypatch.setattr(run, "ForkServer", NotReady)
     monkeypatch.setattr(run, "fork_allowed", lambda env: True)
     assert run._server({}, False, tmp_path) is None and NotReady.closed
+
+
+class DiesMidRun:
+    def run(self, argv: list[str], log: Path | None, timeout_s: float) -> int | None:
+        raise RuntimeError("the bench's fork server died while a run was going on")
+
+
+def test_a_server_that_dies_mid_run_is_a_bench_run_error(tmp_path: Path) -> None:
+    with pytest.raises(run.BenchRunError, match=r"^job \(config defaults, round 1\): the bench"):
+        run._run_child(
+            [],
+            tmp_path / "r1.json",
+            {},
+            DiesMidRun(),  # type: ignore[arg-type]
+            timeout_s=1,
+            verbose=False,
+            what="job (config defaults, round 1)",
+        )
