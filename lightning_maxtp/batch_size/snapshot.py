@@ -22,6 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_maxtp._compat.torch_modules import (
+    clear_scaler_optimizer_states,
+    scaler_tensors,
+    scheduler_mark,
+    set_scaler_tensor,
+    set_scheduler_mark,
+)
+
 __all__ = ["TrainingState"]
 
 
@@ -68,16 +76,13 @@ class _OptimizerState:
             group.clear()
             group["params"] = params
             group.update(_load(saved))
-        # LR schedulers mark a stepped optimizer (``_opt_called``); trials must not leave it.
-        if self.opt_called is _MISSING:
-            vars(opt).pop("_opt_called", None)
-        else:
-            vars(opt)["_opt_called"] = self.opt_called
+        # LR schedulers mark a stepped optimizer; trials must not leave the mark behind.
+        set_scheduler_mark(opt, self.opt_called)
 
 
 @dataclass
 class _ScalerState:
-    """A GradScaler's private ``_scale`` and ``_growth_tracker`` (read in torch 2.4-2.14).
+    """A GradScaler's scale and growth tracker (``scaler_tensors``, read in torch 2.4-2.14).
 
     Both are created lazily, so "not created yet" is part of the state.
     """
@@ -86,20 +91,16 @@ class _ScalerState:
     tensors: dict[str, torch.Tensor | None]
 
     def restore(self) -> None:
+        now = scaler_tensors(self.scaler)
         for name, saved in self.tensors.items():
-            current = getattr(self.scaler, name, None)
+            current = now[name]
             if saved is None:
-                setattr(self.scaler, name, None)
+                set_scaler_tensor(self.scaler, name, None)
             elif current is not None:
                 current.copy_(saved)
             else:
-                setattr(self.scaler, name, saved.clone())
-        states = getattr(self.scaler, "_per_optimizer_states", None)
-        if states is not None:
-            states.clear()
-
-
-_MISSING = object()
+                set_scaler_tensor(self.scaler, name, saved.clone())
+        clear_scaler_optimizer_states(self.scaler)
 
 
 @dataclass
@@ -138,13 +139,12 @@ class TrainingState:
         for opt in optimizers:
             state = [(param, _save(st)) for param, st in opt.state.items()]
             groups = [_save(g, skip="params") for g in opt.param_groups]
-            called = vars(opt).get("_opt_called", _MISSING)
-            snap.optimizers.append(_OptimizerState(opt, state, groups, called))
+            snap.optimizers.append(_OptimizerState(opt, state, groups, scheduler_mark(opt)))
         for scaler in scalers:
-            tensors = {}
-            for name in ("_scale", "_growth_tracker"):
-                value = getattr(scaler, name, None)
-                tensors[name] = None if value is None else _host_copy(value)
+            tensors = {
+                name: None if value is None else _host_copy(value)
+                for name, value in scaler_tensors(scaler).items()
+            }
             snap.scalers.append(_ScalerState(scaler, tensors))
         snap.rng = _rng_state()
         return snap

@@ -1,17 +1,7 @@
-"""The Trainer internals the batch-size search touches, in one place (checked on lightning 2.6.6).
+"""The Trainer state the batch-size search touches: loop counters, the train loader, callbacks.
 
-Private Lightning names used here, each with why:
-
-* ``_Loop`` and ``_BaseProgress`` (``lightning.pytorch.loops``): the loop counters are the
-  ``_BaseProgress`` fields of the fit loop and its children. Manual optimization steps counted
-  during trials are put back from their ``state_dict()`` (``_Loop.load_state_dict`` would also
-  mark the loops as restarting and queue dataloader states, so it is not used).
-* ``_TrainingEpochLoop._batches_that_stepped``: the logging step counter, saved alongside.
-* ``FitLoop._data_source`` (``_DataLoaderSource.dataloader()``): where the train loader comes
-  from, to take one example batch before ``setup_data`` has run (``on_fit_start``).
-* ``FitLoop._combined_loader`` and ``setup_data()``: reset so that a new batch size is read by
-  the user's ``train_dataloader()`` when the loaders were already built (as BatchSizeFinder's
-  ``_reset_dataloaders`` does).
+The private Lightning names behind it (the loops' progress objects, the logging step counter,
+the fit loop's data source and combined loader) are read through ``lightning_maxtp._compat``.
 """
 
 from __future__ import annotations
@@ -20,6 +10,15 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp._compat.lightning_loops import (
+    batches_that_stepped,
+    loop_progress,
+    reset_train_loader,
+    set_batches_that_stepped,
+    train_loader_source,
+)
+from lightning_maxtp._compat.version import warn_if_lightning_unchecked
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -32,36 +31,23 @@ __all__ = [
 ]
 
 
-def _progress_objects(loop: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, Any]]:
-    from lightning.pytorch.loops.loop import _Loop
-    from lightning.pytorch.loops.progress import _BaseProgress
-
-    if id(loop) in seen:
-        return
-    seen.add(id(loop))
-    for name, value in vars(loop).items():
-        if isinstance(value, _BaseProgress):
-            yield prefix + name, value
-        elif isinstance(value, _Loop):
-            yield from _progress_objects(value, f"{prefix}{name}.", seen)
-
-
 class LoopCounters:
     """The fit loop's progress counters, captured and put back exactly."""
 
     def __init__(self, trainer: pl.Trainer) -> None:
-        self._loop = trainer.fit_loop
+        warn_if_lightning_unchecked()
+        self._trainer = trainer
         self._saved = {
             path: copy.deepcopy(progress.state_dict())
-            for path, progress in _progress_objects(self._loop, "", set())
+            for path, progress in loop_progress(trainer.fit_loop)
         }
-        self._stepped = self._loop.epoch_loop._batches_that_stepped
+        self._stepped = batches_that_stepped(trainer)
 
     def restore(self) -> None:
         """Load every counter back from the capture."""
-        for path, progress in _progress_objects(self._loop, "", set()):
+        for path, progress in loop_progress(self._trainer.fit_loop):
             progress.load_state_dict(copy.deepcopy(self._saved[path]))
-        self._loop.epoch_loop._batches_that_stepped = self._stepped
+        set_batches_that_stepped(self._trainer, self._stepped)
 
 
 @contextlib.contextmanager
@@ -90,7 +76,7 @@ def example_batch(trainer: pl.Trainer) -> tuple[Any, int | None]:
     """
     from lightning.pytorch.utilities import CombinedLoader
 
-    source = trainer.fit_loop._data_source
+    source = train_loader_source(trainer)
     if not source.is_defined() or source.instance is None:
         raise ValueError(
             "`batch` is None and the Trainer has no train dataloader to take one from; pass "
@@ -125,7 +111,7 @@ def resize_reason(trainer: pl.Trainer, batch_arg_name: str) -> str | None:
     """Why the train loader's batch size cannot be changed (``None``: it can)."""
     from lightning.pytorch.utilities.parsing import lightning_hasattr
 
-    if not trainer.fit_loop._data_source.is_module():
+    if not train_loader_source(trainer).is_module():
         # The attribute may exist (hparams) yet the loader passed to fit() would never read it.
         return (
             "the train DataLoader was passed to `fit()`, which cannot be resized; build it in "
@@ -153,7 +139,4 @@ def set_batch_size(trainer: pl.Trainer, batch_arg_name: str, value: int) -> None
     if why is not None:
         raise ValueError(f"cannot apply batch size {value}: {why}")
     lightning_setattr(model, batch_arg_name, value)
-    loop = trainer.fit_loop
-    if loop._combined_loader is not None:
-        loop._combined_loader = None
-        loop.setup_data()
+    reset_train_loader(trainer)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
@@ -51,7 +52,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,
         "intra_op_threads": torch.get_num_threads(),
-        "compiled": getattr(trainer.lightning_module, "_compiler_ctx", None) is not None,
+        "compiled": is_compiled(trainer.lightning_module),
     }
     loader = _first_loader(trainer.train_dataloader)
     if loader is not None:

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
 
+from lightning_maxtp._compat.torch_modules import (
+    compiled_call,
+    is_compiled,
+    set_compiled_call,
+    steps_with_amp_scaling,
+)
 from lightning_maxtp.callbacks.math_state import (
     four_d,
     fused_groups,
@@ -106,8 +112,7 @@ class MathKnobs:
         if knob == "cudnn_benchmark":
             return bool(torch.backends.cudnn.benchmark)
         if knob == "compile":
-            return any(getattr(m, "_compiled_call_impl", None) is not None
-                       for m in self._submodules())  # fmt: skip
+            return is_compiled(self._module)
         if knob == "fused_optimizer":
             groups = fused_groups(self.trainer)
             return bool(groups) and all(g.get("fused") for _, g in groups)
@@ -150,9 +155,7 @@ class MathKnobs:
         if self.trainer.accumulate_grad_batches > 1:
             # A switch between two optimizer steps would unscale gradients summed unscaled.
             return "gradients accumulate over several batches"
-        handles = any(
-            getattr(o, "_step_supports_amp_scaling", False) for o in self.trainer.optimizers
-        )
+        handles = any(steps_with_amp_scaling(o) for o in self.trainer.optimizers)
         if self.trainer.gradient_clip_val and handles:
             return "Lightning cannot clip gradients of a fused optimizer under mixed precision"
         if device not in ("cuda", "cpu"):
@@ -255,12 +258,12 @@ class MathKnobs:
     def _set_compile(self, value: bool) -> None:
         for module in self._submodules():
             if not value:
-                module._compiled_call_impl = None
+                set_compiled_call(module, None)
             elif id(module) in self._compiled:
-                module._compiled_call_impl = self._compiled[id(module)]
+                set_compiled_call(module, self._compiled[id(module)])
             else:  # compiled lazily, on the next call
                 module.compile()
-                self._compiled[id(module)] = module._compiled_call_impl
+                self._compiled[id(module)] = compiled_call(module)
 
     def _set_fused_optimizer(self, value: bool) -> None:
         assert self.trainer is not None

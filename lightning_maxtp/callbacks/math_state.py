@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp._compat.torch_modules import fused_kernel_devices
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
@@ -65,9 +67,8 @@ def state_layout(optimizer: torch.optim.Optimizer) -> None:
 def fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[str, Any]]]:
     """Param groups that can take ``fused=True`` now (floating params on a fused device)."""
     import torch
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-    devices = set(_get_fused_kernels_supported_devices())
+    devices = fused_kernel_devices()
     groups = []
     for optimizer in trainer.optimizers:
         name = type(optimizer).__name__

@@ -200,7 +200,7 @@ class MaxThroughputCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        from lightning_maxtp.loader import lightning_private as private
+        from lightning_maxtp.loader import lightning_hook as hook
         from lightning_maxtp.resources.probe import inspect_resources
 
         resources = inspect_resources()
@@ -213,14 +213,14 @@ class MaxThroughputCallback(Callback):
         )  # fmt: skip
         self.monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
-        previous = private.dataloader_transform(trainer)
+        previous = hook.dataloader_transform(trainer)
 
         def transform(loader: object, stage_: str | None, trainer_: pl.Trainer) -> object:
             if previous is not None:
                 loader = previous(loader, stage_, trainer_)
             return self.tuner.wrap(loader) if stage_ == "train" else loader
 
-        private.install_dataloader_transform(trainer, transform)
+        hook.install_dataloader_transform(trainer, transform)
         if self.verbose:
             rank_zero_info(
                 plan_line(self.config, resources, trainer.world_size, trainer.num_devices)

@@ -3,9 +3,10 @@
 ``tune`` runs the ``search`` over candidate settings, each built and timed by ``measure`` within
 the ``budget`` (CPUs, RAM, ``/dev/shm``, time), keeps sample ``order`` and random state, checks
 ``pickling`` for spawned workers and limits thread pools in workers (``worker_limits``);
-``explain`` puts the result in words; ``apply`` rebuilds a Trainer's loaders through the private
-Lightning hooks gathered in ``lightning_private``; ``switchable`` is the train loader whose knobs
-change mid-epoch without losing a sample. Importing it imports neither torch nor lightning.
+``explain`` puts the result in words; ``apply`` rebuilds a Trainer's loaders through the hook in
+``lightning_hook`` (Lightning's private helpers it needs are in ``lightning_maxtp._compat``);
+``switchable`` is the train loader whose knobs change mid-epoch without losing a sample.
+Importing it imports neither torch nor lightning.
 """
 
 from lightning_maxtp.loader.apply import apply_loader_plan

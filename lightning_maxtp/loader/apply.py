@@ -1,7 +1,7 @@
 """``apply_loader_plan``: make a Trainer rebuild its DataLoaders with a ``LoaderPlan``.
 
 The transform it installs runs for every DataLoader Lightning sets up (see
-``lightning_private``), after Lightning injected its distributed sampler and before workers
+``lightning_hook``), after Lightning injected its distributed sampler and before workers
 start, and only touches the stages it holds a plan for. The thread-limit ``worker_init_fn``
 wraps the user's own, or Lightning's worker seeding when ``seed_everything(workers=True)`` would
 have added it.
@@ -39,19 +39,19 @@ class PlanApplier:
         """The loader rebuilt with the stage's plan, or unchanged when there is none."""
         from torch.utils.data import DataLoader
 
-        from lightning_maxtp.loader import lightning_private as private
+        from lightning_maxtp.loader import lightning_hook as hook
 
         plan = self.plans.get(stage or "")
         if plan is None or not isinstance(dataloader, DataLoader):
             return dataloader
         overrides = plan.dataloader_kwargs()
         if plan.num_workers:
-            user_fn = dataloader.worker_init_fn or private.lightning_worker_seeding(trainer)
+            user_fn = dataloader.worker_init_fn or hook.lightning_worker_seeding(trainer)
             forked = start_method_of(dataloader.multiprocessing_context) == "fork"
             overrides["worker_init_fn"] = WorkerThreadLimit(
                 plan.worker_threads, user_fn, forked=forked
             )
-        rebuilt = private.rebuild_dataloader(dataloader, **overrides)
+        rebuilt = hook.rebuild_dataloader(dataloader, **overrides)
         settings = ", ".join(f"{k}={v!r}" for k, v in plan.dataloader_kwargs().items())
         rank_zero_info(f"{stage} DataLoader rebuilt with {settings}")
         return rebuilt
@@ -75,14 +75,14 @@ def apply_loader_plan(
     Raises:
         ValueError: If a stage is not one of those.
     """
-    from lightning_maxtp.loader import lightning_private as private
+    from lightning_maxtp.loader import lightning_hook as hook
 
     unknown = [s for s in stages if s not in STAGES]
     if unknown or not stages or isinstance(stages, str):
         raise ValueError(
             f"`stages` must be a non-empty sequence of {STAGES}, got {stages!r}; e.g. ('train',)"
         )
-    current = private.dataloader_transform(trainer)
+    current = hook.dataloader_transform(trainer)
     plans = dict(current.plans) if isinstance(current, PlanApplier) else {}
     plans.update(dict.fromkeys(stages, plan))
-    private.install_dataloader_transform(trainer, PlanApplier(plans))
+    hook.install_dataloader_transform(trainer, PlanApplier(plans))

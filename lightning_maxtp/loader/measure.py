@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
+from lightning_maxtp._compat.torch_data import (
+    cached_iterator,
+    drop_cached_iterator,
+    shutdown_workers,
+    worker_processes,
+)
 from lightning_maxtp.loader.candidate import LoaderCandidate
 from lightning_maxtp.loader.order import preserved_rng
 from lightning_maxtp.loader.sample_cost import batch_facts
@@ -99,7 +105,7 @@ def _count_samples(batch: Any, default: int) -> int:
 def _worker_memory(iterator: object) -> int | None:
     """USS of the largest live worker of a multi-process iterator (RSS where USS is missing)."""
     largest: int | None = None
-    for worker in getattr(iterator, "_workers", ()):
+    for worker in worker_processes(iterator):
         try:
             proc = psutil.Process(worker.pid)
             try:
@@ -113,11 +119,9 @@ def _worker_memory(iterator: object) -> int | None:
 
 
 def _shutdown(loader: DataLoader[Any], iterator: object) -> None:
-    for it in (iterator, getattr(loader, "_iterator", None)):
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-    loader._iterator = None
+    for it in (iterator, cached_iterator(loader)):
+        shutdown_workers(it)
+    drop_cached_iterator(loader)
 
 
 def measure_candidate(

@@ -17,6 +17,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_maxtp._compat.torch_data import (
+    cached_iterator,
+    drop_cached_iterator,
+    set_multiprocessing_context,
+    shutdown_workers,
+)
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.worker_limits import (
     MORE_WORKERS_THAN_CPUS,
@@ -168,17 +174,14 @@ class SwitchableLoader(DataLoader[Any]):
         self.worker_init_fn = self._init_fn(workers)
         # DataLoader forbids setting these after __init__; the iterators read them at creation.
         object.__setattr__(self, "persistent_workers", bool(settings["persistent_workers"]))
-        object.__setattr__(self, "_DataLoader__multiprocessing_context",
-                           self.user_mp_context if workers else None)  # fmt: skip
+        set_multiprocessing_context(self, self.user_mp_context if workers else None)
         self.switches += 1
 
     def shutdown(self) -> None:
         """Stop the workers of the current iterator (idempotent)."""
-        for it in (self._current, self._iterator):
-            stop = getattr(it, "_shutdown_workers", None)
-            if stop is not None:
-                stop()
-        self._iterator = None
+        for it in (self._current, cached_iterator(self)):
+            shutdown_workers(it)
+        drop_cached_iterator(self)
         self._current = None
 
     def _start(self, *, fresh_rng: bool) -> Any:

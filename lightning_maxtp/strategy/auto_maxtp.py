@@ -11,8 +11,8 @@ started. There ``plan_strategy`` runs on the model's size, the precision plugin,
 Lightning's device list; the chosen Lightning strategy (``SingleDeviceStrategy``,
 ``DDPStrategy`` or ``FSDPStrategy``) is built with the same accelerator, precision, cluster
 environment and checkpoint IO; it replaces ``AutoMaxTP`` in the trainer
-(``trainer._accelerator_connector.strategy``, the one attribute ``Trainer.strategy`` reads); and
-its own launcher starts the processes. From there on it is plain Lightning.
+(the one attribute ``Trainer.strategy`` reads, through ``lightning_maxtp._compat``); and its own
+launcher starts the processes. From there on it is plain Lightning.
 
 **All ranks agree because one process decides.** The launching process plans. Children of
 Lightning's default DDP launcher (which re-runs the script) receive that plan in the
@@ -41,15 +41,21 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning.fabric.utilities.imports import _IS_INTERACTIVE
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from lightning.pytorch.strategies import DDPStrategy, Strategy
-from lightning.pytorch.strategies.launchers.launcher import _Launcher
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
+from lightning_maxtp._compat.lightning_strategy import (
+    IS_INTERACTIVE,
+    Launcher,
+    LauncherOverride,
+    Signal,
+    SubprocessScriptLauncher,
+    install_strategy,
+)
+from lightning_maxtp._compat.version import warn_if_lightning_unchecked
 from lightning_maxtp._log import prefixed, rank_zero_info, rank_zero_warn
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, inspect_resources
 from lightning_maxtp.strategy.build import build_strategy, devices_flag
@@ -62,7 +68,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     import lightning.pytorch as pl
-    from lightning.pytorch.trainer.connectors.signal_connector import _SIGNUM
 
 __all__ = ["PLAN_ENV", "AutoMaxTP"]
 
@@ -72,7 +77,7 @@ PLAN_ENV = "LIGHTNING_MAXTP_PLAN"
 """Environment variable through which the launching process hands its plan to DDP children."""
 
 
-class AutoMaxTP(DDPStrategy):
+class AutoMaxTP(LauncherOverride):
     """Single device, DDP or FSDP, chosen when the model is known (see the module docstring).
 
     ``import lightning_maxtp`` registers it as ``Trainer(strategy="auto_maxtp")``; Lightning has
@@ -138,9 +143,14 @@ class AutoMaxTP(DDPStrategy):
         self.plan: StrategyPlan | None = None
         """The plan made at the first ``fit``/``validate``/... (``None`` before)."""
 
+    @property
+    def fsdp_kwargs(self) -> dict[str, Any]:
+        """The extra ``FSDPStrategy`` arguments, used when FSDP is chosen."""
+        return dict(self._fsdp_kwargs)
+
     @override
-    def _configure_launcher(self) -> None:
-        self._launcher = _PlanningLauncher(self)
+    def make_launcher(self) -> Launcher:
+        return _PlanningLauncher(self)
 
     def resolve(self, trainer: pl.Trainer) -> Strategy:
         """Plan, build the chosen Lightning strategy and put it in the trainer's place.
@@ -151,15 +161,15 @@ class AutoMaxTP(DDPStrategy):
         model = trainer.lightning_module
         training = trainer.state.fn == TrainerFn.FITTING
         plan, fingerprint = self._plan(model, training)
+        warn_if_lightning_unchecked()
         chosen = build_strategy(plan, self)
-        chosen._lightning_module = model
-        trainer._accelerator_connector.strategy = chosen
+        install_strategy(trainer, chosen)
         self.plan = plan
         rank_zero_info(str(plan))
         for warning in plan.warnings:
             rank_zero_warn(warning)
         env = self.cluster_environment
-        if isinstance(chosen.launcher, _SubprocessScriptLauncher) and not (
+        if isinstance(chosen.launcher, SubprocessScriptLauncher) and not (
             env is not None and env.creates_processes_externally
         ):
             # The popen launcher copies os.environ into the children it starts next.
@@ -253,12 +263,12 @@ class AutoMaxTP(DDPStrategy):
         return "32-true"
 
 
-class _PlanningLauncher(_Launcher):
+class _PlanningLauncher(Launcher):
     """Plans when the trainer launches, then hands over to the chosen strategy's launcher."""
 
     def __init__(self, strategy: AutoMaxTP) -> None:
         self._strategy = strategy
-        self._inner: _Launcher | None = None
+        self._inner: Launcher | None = None
 
     @property
     @override
@@ -279,8 +289,8 @@ class _PlanningLauncher(_Launcher):
         launcher = chosen.launcher
         if launcher is None:
             return function(*args, **kwargs)
-        assert isinstance(launcher, _Launcher)
-        if _IS_INTERACTIVE and not launcher.is_interactive_compatible:
+        assert isinstance(launcher, Launcher)
+        if IS_INTERACTIVE and not launcher.is_interactive_compatible:
             raise RuntimeError(
                 f"strategy='auto_maxtp' chose {type(chosen).__name__}, which cannot start its "
                 "processes from a notebook; run the code as a script"
@@ -289,7 +299,7 @@ class _PlanningLauncher(_Launcher):
         return launcher.launch(function, *args, trainer=trainer, **kwargs)
 
     @override
-    def kill(self, signum: _SIGNUM) -> None:
+    def kill(self, signum: Signal) -> None:
         if self._inner is not None:
             self._inner.kill(signum)
 

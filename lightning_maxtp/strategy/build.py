@@ -6,7 +6,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric.utilities.imports import _IS_INTERACTIVE
 from lightning.pytorch.plugins.precision import (
     FSDPPrecision,
     HalfPrecision,
@@ -20,6 +19,7 @@ from lightning.pytorch.strategies import (
     Strategy,
 )
 
+from lightning_maxtp._compat.lightning_strategy import IS_INTERACTIVE, ddp_settings, finish_strategy
 from lightning_maxtp.strategy.devices import Devices
 from lightning_maxtp.strategy.model_size import FSDP_MIN_UNIT_PARAMS
 from lightning_maxtp.strategy.plan import StrategyPlan
@@ -36,26 +36,27 @@ def build_strategy(plan: StrategyPlan, template: AutoMaxTP) -> Strategy:
         devices = [torch.device("cuda", i) for i in plan.devices]
     else:
         devices = [torch.device("cpu")] * plan.num_processes
-    io = template._checkpoint_io
+    settings = ddp_settings(template)
+    common = {"accelerator": template.accelerator, "checkpoint_io": settings.pop("checkpoint_io")}
+    precision = settings.pop("precision_plugin")
     if plan.strategy == "single_device":
-        return SingleDeviceStrategy(
-            device=devices[0], accelerator=template.accelerator, checkpoint_io=io,
-            precision_plugin=template._precision_plugin,
-        )  # fmt: skip
+        return SingleDeviceStrategy(device=devices[0], precision_plugin=precision, **common)
+    parallel = {
+        "parallel_devices": devices,
+        "cluster_environment": template.cluster_environment,
+        "process_group_backend": settings.pop("process_group_backend"),
+        "timeout": settings.pop("timeout"),
+        **common,
+    }
     strategy: DDPStrategy | FSDPStrategy
     if plan.strategy == "ddp":
-        start = template._start_method
+        start = settings.pop("start_method")
         strategy = DDPStrategy(
-            accelerator=template.accelerator, parallel_devices=devices,
-            cluster_environment=template.cluster_environment, checkpoint_io=io,
-            precision_plugin=template._precision_plugin,
-            ddp_comm_state=template._ddp_comm_state, ddp_comm_hook=template._ddp_comm_hook,
-            ddp_comm_wrapper=template._ddp_comm_wrapper,
-            model_averaging_period=template._model_averaging_period,
-            process_group_backend=template._process_group_backend, timeout=template._timeout,
-            start_method="fork" if start == "popen" and _IS_INTERACTIVE else start,
-            **template._ddp_kwargs,
-        )  # fmt: skip
+            precision_plugin=precision,
+            start_method="fork" if start == "popen" and IS_INTERACTIVE else start,
+            **parallel,
+            **settings,
+        )
     else:
         from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
@@ -63,20 +64,12 @@ def build_strategy(plan: StrategyPlan, template: AutoMaxTP) -> Strategy:
             "auto_wrap_policy": partial(
                 size_based_auto_wrap_policy, min_num_params=FSDP_MIN_UNIT_PARAMS
             ),
-            **template._fsdp_kwargs,
+            **template.fsdp_kwargs,
             "cpu_offload": plan.cpu_offload,
         }
-        strategy = FSDPStrategy(
-            accelerator=template.accelerator, parallel_devices=devices,
-            cluster_environment=template.cluster_environment, checkpoint_io=io,
-            precision_plugin=fsdp_precision(template._precision_plugin),
-            process_group_backend=template._process_group_backend, timeout=template._timeout,
-            **kwargs,
-        )  # fmt: skip
+        strategy = FSDPStrategy(precision_plugin=fsdp_precision(precision), **parallel, **kwargs)
     strategy.num_nodes = template.num_nodes
-    strategy._layer_sync = template._layer_sync
-    strategy.set_world_ranks()
-    strategy._configure_launcher()
+    finish_strategy(strategy, template)
     return strategy
 
 

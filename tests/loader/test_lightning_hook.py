@@ -1,6 +1,7 @@
-"""The private Lightning API behind ``apply_loader_plan``, on the installed Lightning.
+"""The loader hook behind ``apply_loader_plan``, on the installed Lightning: rebuilds that keep
+everything but the overrides, a transform per stage, pickling for spawned ranks, worker seeding.
 
-If Lightning moves one of these names, these tests fail first and say which.
+The private Lightning helpers it rebuilds with are checked in ``tests/compat``.
 """
 
 from __future__ import annotations
@@ -8,43 +9,13 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from lightning_maxtp.loader import lightning_private as private
+from lightning_maxtp.loader import lightning_hook as hook
 from tests.helpers.loader_data import SleepDataset
-
-
-def test_checked_versions_cover_the_installed_lightning() -> None:
-    assert private.lightning_checked(lightning.__version__)
-    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
-    from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
-
-    assert callable(_reinstantiate_wrapped_cls) and callable(_get_dataloader_init_args_and_kwargs)
-    assert "process_dataloader" in vars(pl.strategies.Strategy)
-
-
-@pytest.mark.parametrize(
-    ("version", "checked"),
-    [("2.6.6", True), ("2.6.7", True), ("2.6.12", True), ("2.6.7.dev1", True),
-     ("2.6.6.post1", True), ("2.6.5", False), ("2.6.6rc1", True), ("2.7.0", False),
-     ("2.7.0rc1", False), ("3.0", False), ("not-a-version", False)],
-)  # fmt: skip
-def test_checked_is_the_release_range_pyproject_allows(version: str, checked: bool) -> None:
-    assert private.lightning_checked(version) is checked
-
-
-def test_outside_the_range_one_warning_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lightning, "__version__", "2.7.1")
-    private._warn_unchecked.cache_clear()
-    with pytest.warns(UserWarning, match=r"checked on Lightning >=2.6.6,<2.7; found 2.7.1") as got:
-        for _ in range(2):
-            trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
-            private.install_dataloader_transform(trainer, lambda dl, stage, trainer: dl)
-    assert len([w for w in got if "private Lightning helpers" in str(w.message)]) == 1
 
 
 def collate(batch: list[Any]) -> list[Any]:
@@ -63,7 +34,7 @@ def test_rebuild_keeps_everything_but_the_overrides() -> None:
         dataset, batch_size=4, sampler=sampler, collate_fn=collate, drop_last=True,
         worker_init_fn=init_fn, generator=generator, timeout=7,
     )  # fmt: skip
-    rebuilt = private.rebuild_dataloader(loader, num_workers=2, prefetch_factor=3, pin_memory=True)
+    rebuilt = hook.rebuild_dataloader(loader, num_workers=2, prefetch_factor=3, pin_memory=True)
     assert (rebuilt.num_workers, rebuilt.prefetch_factor, rebuilt.pin_memory) == (2, 3, True)
     assert rebuilt.dataset is dataset and rebuilt.sampler is sampler
     assert rebuilt.collate_fn is collate and rebuilt.worker_init_fn is init_fn
@@ -89,7 +60,7 @@ def test_rebuild_without_the_arguments_says_how_to_fix_it() -> None:
         ValueError,
         match=r"cannot rebuild the `NoKwargsLoader`.*inside the `\*_dataloader\(\)` hook",
     ):
-        private.rebuild_dataloader(NoKwargsLoader(list(range(8))), num_workers=2)
+        hook.rebuild_dataloader(NoKwargsLoader(list(range(8))), num_workers=2)
 
 
 class Model(pl.LightningModule):
@@ -122,7 +93,7 @@ class Record:
     def __call__(self, dataloader: object, stage: str | None, trainer: pl.Trainer) -> object:
         assert isinstance(dataloader, DataLoader)
         self.calls.append((stage, type(dataloader).__name__))
-        return private.rebuild_dataloader(dataloader, num_workers=1, prefetch_factor=2)
+        return hook.rebuild_dataloader(dataloader, num_workers=1, prefetch_factor=2)
 
 
 class Check(pl.Callback):
@@ -144,9 +115,9 @@ def make_trainer(**kwargs: Any) -> pl.Trainer:
 def test_transform_rebuilds_hook_made_subclasses_per_stage() -> None:
     trainer = make_trainer(callbacks=[Check()])
     first, record = Record(), Record()
-    private.install_dataloader_transform(trainer, first)
-    private.install_dataloader_transform(trainer, record)  # replaces, never stacks
-    assert private.dataloader_transform(trainer) is record
+    hook.install_dataloader_transform(trainer, first)
+    hook.install_dataloader_transform(trainer, record)  # replaces, never stacks
+    assert hook.dataloader_transform(trainer) is record
     trainer.fit(Model())
     assert record.calls == [("val", "DataLoader"), ("train", "TaggedLoader")]
     assert first.calls == []
@@ -155,17 +126,17 @@ def test_transform_rebuilds_hook_made_subclasses_per_stage() -> None:
 def test_hook_survives_pickling_for_spawned_ranks() -> None:
     trainer = make_trainer(devices=2, strategy="ddp_spawn")
     record = Record()
-    private.install_dataloader_transform(trainer, record)
+    hook.install_dataloader_transform(trainer, record)
     strategy = pickle.loads(pickle.dumps(trainer.strategy))
-    hook = vars(strategy)["process_dataloader"]
-    assert hook.strategy is strategy and isinstance(hook.transform, Record)
+    installed = vars(strategy)["process_dataloader"]
+    assert installed.strategy is strategy and isinstance(installed.transform, Record)
 
 
 def test_lightning_worker_seeding_follows_seed_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     trainer = make_trainer()
     monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
-    assert private.lightning_worker_seeding(trainer) is None
+    assert hook.lightning_worker_seeding(trainer) is None
     monkeypatch.setenv("PL_SEED_WORKERS", "1")
-    seeding = private.lightning_worker_seeding(trainer)
+    seeding = hook.lightning_worker_seeding(trainer)
     assert seeding is not None and seeding.keywords == {"rank": 0}  # type: ignore[attr-defined]
-    assert private.stage_name(trainer) is None  # not running
+    assert hook.stage_name(trainer) is None  # not running
