@@ -1,7 +1,8 @@
 """``TuningConfig``: what ``MaxThroughputCallback``'s closed loop may do, checked when built.
 
-One frozen object instead of a dozen keyword arguments handed from the callback to the loop
-and to the loader step; each message of a bad value names the argument and the fix.
+The one place the loop's settings, their defaults and their documentation live: the callback
+takes a ``TuningConfig`` or its fields as keywords (with these defaults), and hands the object
+to the loop and the loader step. Each message of a bad value names the field and the fix.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from lightning_maxtp.callbacks.allow import Allow, resolve_allow
 from lightning_maxtp.observe.thresholds import MIN_GAIN
 
-__all__ = ["TuningConfig"]
+__all__ = ["DEFAULTS", "TuningConfig", "tuning_config"]
 
 _AT_LEAST = {
     "warmup_steps": 0,
@@ -26,7 +27,11 @@ _AT_LEAST = {
 
 @dataclass(frozen=True, kw_only=True)
 class TuningConfig:
-    """The closed loop's limits (the callback's arguments of the same names)."""
+    """The closed loop's settings.
+
+    ``MaxThroughputCallback(config=TuningConfig(...))``, or the same fields as the callback's
+    keywords.
+    """
 
     warmup_steps: int = 5
     """Steps before the baseline window (compile, caches, worker start)."""
@@ -41,23 +46,29 @@ class TuningConfig:
     time_budget_s: float = 300.0
     """No trial starts after this many seconds of tuning."""
     tune_loader: bool = True
-    """Run ``tune_dataloader`` when the baseline is data-bound and try its settings first."""
+    """Run ``tune_dataloader`` against the measured consumption rate when the baseline is
+    data-bound, and try its settings first."""
     loader_time_budget_s: float = 15.0
     """Time budget of that loader measurement."""
     max_workers: int | None = None
-    """Worker cap (``None``: the probe's CPU budget, raised for loading that waits on reads)."""
+    """Worker cap (``None``: the probe's CPU budget per device process, which
+    ``tune_dataloader`` raises up to 4x when loading mostly waits on reads)."""
     allow_batch_size_change: bool = False
-    """Run ``find_batch_size`` before training and apply its batch (``"batch_size"`` in
-    ``allow``)."""
+    """Run ``find_batch_size`` before training and apply its batch (changes the optimization;
+    off by default); the same as ``"batch_size"`` in ``allow``."""
     allow: Allow = "safe"
-    """Knobs beyond the loader's: ``"safe"`` (same math), ``"all"``, or a tuple of names."""
+    """The knobs beyond the loader's the loop may try: ``"safe"`` (same math), ``"all"``, or a
+    tuple of names from ``("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
+    "fused_optimizer", "batch_size")``. Those not allowed stay recommendations in the report."""
     monitor_window_steps: int = 100
     """Window length after tuning (cheap monitoring)."""
     drift_share: float = 0.2
     """After tuning, a window this much slower than the tuned rate is reported."""
     cost_share: float | None = 0.05
     """Tuning may cost at most this share of the fit's expected time at the baseline rate
-    (training blocked, plus windows at slower settings); ``None``: only ``time_budget_s``."""
+    (training blocked while the loader is measured alone, and windows at slower settings): a
+    short run skips the loader measurement and stops trying sooner. ``None``: only
+    ``time_budget_s`` bounds tuning. The report gives the net effect."""
 
     def __post_init__(self) -> None:
         allow: Any = self.allow
@@ -111,3 +122,31 @@ class TuningConfig:
         if isinstance(self.allow, tuple):
             data["allow"] = list(self.allow)
         return data
+
+
+DEFAULTS = TuningConfig()
+"""Every field at its default: the callback's keyword defaults are read from here."""
+
+
+def tuning_config(config: TuningConfig | None, keywords: dict[str, Any]) -> TuningConfig:
+    """The callback's ``TuningConfig``: ``config`` as given, or one built from ``keywords``.
+
+    Raises:
+        ValueError: When ``config`` is not a ``TuningConfig``, when it comes with keywords that
+            differ from their defaults (which one wins would be a guess), or for a bad value.
+    """
+    if config is None:
+        return TuningConfig(**keywords)
+    if not isinstance(config, TuningConfig):
+        raise ValueError(
+            f"`config` must be a TuningConfig or None, got {type(config).__name__}; e.g. "
+            "MaxThroughputCallback(config=TuningConfig(max_trials=3))"
+        )
+    changed = [f"{k}={v!r}" for k, v in keywords.items() if v != getattr(DEFAULTS, k)]
+    if changed:
+        raise ValueError(
+            f"pass the tuning settings either as `config=` or as keywords, not both: got "
+            f"`config=` and {', '.join(changed)}; put them in the config instead, e.g. "
+            f"dataclasses.replace(config, {', '.join(changed)})"
+        )
+    return config

@@ -22,7 +22,7 @@ from typing_extensions import override
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.allow import Allow
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
-from lightning_maxtp.callbacks.config import TuningConfig
+from lightning_maxtp.callbacks.config import DEFAULTS, TuningConfig, tuning_config
 from lightning_maxtp.callbacks.loader_trial import plan_line
 from lightning_maxtp.callbacks.math_trial import grow_batch
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
@@ -32,7 +32,7 @@ from lightning_maxtp.callbacks.tuning_loop import window_rate
 from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.observe.capture import CaptureMode
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
-from lightning_maxtp.observe.thresholds import MIN_GAIN, MIN_STEPS
+from lightning_maxtp.observe.thresholds import MIN_STEPS
 from lightning_maxtp.observe.window import Window
 
 if TYPE_CHECKING:
@@ -87,30 +87,12 @@ class MaxThroughputCallback(Callback):
     ================================  ==========================================================
 
     Args:
-        warmup_steps: Steps before the baseline window (compile, caches, worker start).
-        window_steps: Steps in the baseline window and in each trial's window.
-        settle_steps: Steps after a change before its window starts (in-flight batches drain).
-        min_gain: A knob is kept when throughput rose by at least this share (0.05: 5 %).
-        max_trials: Most knob trials.
-        time_budget_s: No trial starts after this many seconds of tuning.
-        tune_loader: Run ``tune_dataloader`` against the measured consumption rate when the
-            baseline is data-bound, and try its settings first.
-        loader_time_budget_s: Time budget of that loader measurement.
-        max_workers: Worker cap (default: the probe's CPU budget per device process, which
-            ``tune_dataloader`` raises up to 4x when loading mostly waits on reads).
-        allow_batch_size_change: Run ``find_batch_size`` before training and apply its batch
-            (changes the optimization; off by default); the same as ``"batch_size"`` in
-            ``allow``.
-        allow: The knobs beyond the loader's the loop may try: ``"safe"`` (same math),
-            ``"all"``, or a tuple of names from ``("precision", "channels_last", "tf32",
-            "cudnn_benchmark", "compile", "fused_optimizer", "batch_size")``. Those not allowed
-            stay recommendations in the report.
-        monitor_window_steps: Window length after tuning (cheap monitoring).
-        drift_share: After tuning, a window this much slower than the tuned rate is reported.
-        cost_share: Tuning may cost at most this share of the fit's expected time at the
-            baseline rate (training blocked while the loader is measured alone, and windows at
-            slower settings): a short run skips the loader measurement and stops trying sooner.
-            ``None``: only ``time_budget_s`` bounds tuning. The report gives the net effect.
+        config: The closed loop's settings as one ``TuningConfig``. Alternatively pass its
+            fields as the keywords below; passing both is an error.
+        warmup_steps, window_steps, settle_steps, min_gain, max_trials, time_budget_s,
+        tune_loader, loader_time_budget_s, max_workers, allow_batch_size_change, allow,
+        monitor_window_steps, drift_share, cost_share: The ``TuningConfig`` fields of the same
+            names, with its defaults; each is documented there.
         capture: Profiler capture mode after tuning (``"auto"``, ``"always"``, ``"never"``).
         report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
         verbose: Print the plan, the tuning progress and the final summary (rank zero).
@@ -119,42 +101,52 @@ class MaxThroughputCallback(Callback):
 
     def __init__(
         self,
+        config: TuningConfig | None = None,
         *,
-        warmup_steps: int = 5,
-        window_steps: int = 20,
-        settle_steps: int = 2,
-        min_gain: float = MIN_GAIN,
-        max_trials: int = 6,
-        time_budget_s: float = 300.0,
-        tune_loader: bool = True,
-        loader_time_budget_s: float = 15.0,
-        max_workers: int | None = None,
-        allow_batch_size_change: bool = False,
-        allow: Allow = "safe",
-        monitor_window_steps: int = 100,
-        drift_share: float = 0.2,
-        cost_share: float | None = 0.05,
+        warmup_steps: int = DEFAULTS.warmup_steps,
+        window_steps: int = DEFAULTS.window_steps,
+        settle_steps: int = DEFAULTS.settle_steps,
+        min_gain: float = DEFAULTS.min_gain,
+        max_trials: int = DEFAULTS.max_trials,
+        time_budget_s: float = DEFAULTS.time_budget_s,
+        tune_loader: bool = DEFAULTS.tune_loader,
+        loader_time_budget_s: float = DEFAULTS.loader_time_budget_s,
+        max_workers: int | None = DEFAULTS.max_workers,
+        allow_batch_size_change: bool = DEFAULTS.allow_batch_size_change,
+        allow: Allow = DEFAULTS.allow,
+        monitor_window_steps: int = DEFAULTS.monitor_window_steps,
+        drift_share: float = DEFAULTS.drift_share,
+        cost_share: float | None = DEFAULTS.cost_share,
         capture: CaptureMode = "auto",
         report_dir: str | Path | None = None,
         verbose: bool = True,
         sampler_interval_s: float | None = 0.1,
     ) -> None:
-        self.config = TuningConfig(
-            warmup_steps=warmup_steps, window_steps=window_steps, settle_steps=settle_steps,
-            min_gain=min_gain, max_trials=max_trials, time_budget_s=time_budget_s,
-            tune_loader=tune_loader, loader_time_budget_s=loader_time_budget_s,
-            max_workers=max_workers, allow_batch_size_change=allow_batch_size_change,
-            monitor_window_steps=monitor_window_steps, drift_share=drift_share,
-            cost_share=cost_share, allow=allow,
-        )  # fmt: skip
-        self.monitor = BottleneckMonitor(
-            window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
+        keywords = {
+            "warmup_steps": warmup_steps,
+            "window_steps": window_steps,
+            "settle_steps": settle_steps,
+            "min_gain": min_gain,
+            "max_trials": max_trials,
+            "time_budget_s": time_budget_s,
+            "tune_loader": tune_loader,
+            "loader_time_budget_s": loader_time_budget_s,
+            "max_workers": max_workers,
+            "allow_batch_size_change": allow_batch_size_change,
+            "allow": allow,
+            "monitor_window_steps": monitor_window_steps,
+            "drift_share": drift_share,
+            "cost_share": cost_share,
+        }
+        self.config = tuning_config(config, keywords)
+        self._monitor = BottleneckMonitor(
+            self.config.window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
             verbose=False, on_window=self._on_window,
         )  # fmt: skip
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.verbose = verbose
         self.batch_plan: Any = None
-        self.tuner = Tuner(self.config, self.monitor, None, verbose=verbose)
+        self._tuner = Tuner(self.config, self._monitor, None, verbose=verbose)
         self._report: ThroughputReport | None = None
         self._closing = False
         self._carried: dict[str, Any] | None = None
@@ -162,37 +154,39 @@ class MaxThroughputCallback(Callback):
     @property
     def loader(self) -> SwitchableLoader | None:
         """The train loader the loop switches (``None`` until the fit starts, or when it cannot)."""
-        return self.tuner.loader
+        return self._tuner.loader
 
     @property
     def loader_plan(self) -> Any:
         """``tune_dataloader``'s plan, once the loop measured the loader (else ``None``)."""
-        return self.tuner.loader_plan
+        return self._tuner.loader_plan
 
     @property
     def knob_changes(self) -> list[KnobChange]:
         """Every knob change of the last fit, tried, kept or reverted, with its time."""
-        return self.tuner.knob_changes
+        return self._tuner.knob_changes
 
     @property
     def windows(self) -> list[Window]:
         """Every window measured so far (baseline, trials, monitoring), oldest first."""
-        return self.monitor.windows
+        return self._monitor.windows
 
     @property
     def trials(self) -> list[KnobTrial]:
         """Every knob trial so far, in order."""
-        return self.tuner.trials
+        return self._tuner.trials
 
     @property
     def tuning(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
-        return self.tuner.summary
+        return self._tuner.summary
 
     @property
     def report(self) -> ThroughputReport:
         """The report of the last fit (built at its end; a live view while it runs)."""
-        return self._report if self._report is not None else self.tuner.extend(self.monitor.report)
+        if self._report is not None:
+            return self._report
+        return self._tuner.extend(self._monitor.report)
 
     # -- setup: probe, plan, wrap the train loader ------------------------------------------
 
@@ -207,18 +201,18 @@ class MaxThroughputCallback(Callback):
         import torch
 
         allowed = self.config.allowed(deterministic=torch.are_deterministic_algorithms_enabled())
-        self.tuner = Tuner(
-            self.config, self.monitor, resources, verbose=self.verbose, carried=self._carried,
+        self._tuner = Tuner(
+            self.config, self._monitor, resources, verbose=self.verbose, carried=self._carried,
             world_size=trainer.world_size, local_ranks=trainer.num_devices, allowed=allowed,
         )  # fmt: skip
-        self.monitor.window_steps = self.config.window_steps  # a later fit tunes again
+        self._monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
         previous = hook.dataloader_transform(trainer)
 
         def transform(loader: object, stage_: str | None, trainer_: pl.Trainer) -> object:
             if previous is not None:
                 loader = previous(loader, stage_, trainer_)
-            return self.tuner.wrap(loader) if stage_ == "train" else loader
+            return self._tuner.wrap(loader) if stage_ == "train" else loader
 
         hook.install_dataloader_transform(trainer, transform)
         if self.verbose:
@@ -228,7 +222,7 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.batch_plan = grow_batch(self.tuner, trainer)
+        self.batch_plan = grow_batch(self._tuner, trainer)
         if self.batch_plan is not None and self.verbose:
             rank_zero_info(str(self.batch_plan))
 
@@ -236,33 +230,33 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.monitor.on_train_start(trainer, pl_module)
-        self.tuner.adopt(trainer)
-        if self.tuner.loader is not None:  # settings requested before the first batch
-            self.monitor.clock.update_context(**self.tuner.loader.settings())
+        self._monitor.on_train_start(trainer, pl_module)
+        self._tuner.adopt(trainer)
+        if self._tuner.loader is not None:  # settings requested before the first batch
+            self._monitor.clock.update_context(**self._tuner.loader.settings())
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.monitor.on_train_epoch_start(trainer, pl_module)
+        self._monitor.on_train_epoch_start(trainer, pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.monitor.on_validation_end(trainer, pl_module)
+        self._monitor.on_validation_end(trainer, pl_module)
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self.monitor.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self._monitor.on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self.monitor.on_exception(trainer, pl_module, exception)
+        self._monitor.on_exception(trainer, pl_module, exception)
         # Lightning does not call ``teardown`` after an exception: process state goes back here.
-        self.tuner.knobs.threads.restore()
-        self.tuner.math.restore()
+        self._tuner.knobs.threads.restore()
+        self._tuner.math.restore()
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -275,28 +269,28 @@ class MaxThroughputCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self.tuner.guard.record(outputs)  # before the window this step may close
-        self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self.tuner.on_step()
+        self._tuner.guard.record(outputs)  # before the window this step may close
+        self._monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._tuner.on_step()
 
     def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        loop = self.tuner.loop
-        self.tuner.window_losses = self.tuner.guard.take()
+        loop = self._tuner.loop
+        self._tuner.window_losses = self._tuner.guard.take()
         if self._closing:  # the fit's last steps, under the settings in force
-            self.tuner.monitored(window, self.monitor.record(trainer, window, may_capture=False))
+            self._tuner.monitored(window, self._monitor.record(trainer, window, may_capture=False))
         elif loop.measuring:  # no profiler inside a measured window
-            found = self.monitor.record(trainer, window, may_capture=False)
-            self.tuner.measured(trainer, window, found)
+            found = self._monitor.record(trainer, window, may_capture=False)
+            self._tuner.measured(trainer, window, found)
             self._show_progress(trainer, window)
         elif loop.finished:
-            self.tuner.monitored(window, self.monitor.record(trainer, window))
+            self._tuner.monitored(window, self._monitor.record(trainer, window))
         else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
-            self.monitor.record(trainer, window, may_capture=False)
+            self._monitor.record(trainer, window, may_capture=False)
 
     def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
         """Tuning progress in the progress bar: rate of the window, trials, whether done."""
         module = trainer.lightning_module
-        values = (window_rate(window), len(self.trials), float(not self.tuner.loop.finished))
+        values = (window_rate(window), len(self.trials), float(not self._tuner.loop.finished))
         for name, value in zip(PROGRESS_BAR, values, strict=True):
             module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
 
@@ -304,16 +298,16 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loop = self.tuner.loop
-        if (loop.finished and not self.tuner.final) or loop.ref is None:
+        loop = self._tuner.loop
+        if (loop.finished and not self._tuner.final) or loop.ref is None:
             # No window under the settings in force closed: the steps run since make one.
             self._closing = True
-            self.monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
+            self._monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
             self._closing = False
-        self.tuner.end()
-        self._carried = self.tuner.state() or self._carried  # for the next fit of this callback
-        self.monitor.on_train_end(trainer, pl_module)
-        self._report = self.tuner.extend(self.monitor.report)
+        self._tuner.end()
+        self._carried = self._tuner.state() or self._carried  # for the next fit of this callback
+        self._monitor.on_train_end(trainer, pl_module)
+        self._report = self._tuner.extend(self._monitor.report)
         if trainer.is_global_zero:
             if self.verbose:
                 rank_zero_info(self._report.summary())
@@ -327,20 +321,20 @@ class MaxThroughputCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The tuned settings and what they were tuned on (``{}`` while tuning runs)."""
-        return self.tuner.state() or dict(self._carried or {})
+        return self._tuner.state() or dict(self._carried or {})
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Settings from a checkpoint: applied at once when the machine and loader match."""
         # Lightning restores callbacks after ``setup`` (the fit's Tuner exists already) and
         # before it builds the train loader (where the settings are applied).
-        self._carried = self.tuner.carried = dict(state_dict) or None
+        self._carried = self._tuner.carried = dict(state_dict) or None
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.monitor.teardown(trainer, pl_module, stage)
+        self._monitor.teardown(trainer, pl_module, stage)
         if stage == "fit":
-            self.tuner.knobs.threads.restore()  # a fit that failed still puts them back
-            self.tuner.math.restore()
-        if stage == "fit" and self.tuner.loader is not None:
-            self.tuner.loader.shutdown()
+            self._tuner.knobs.threads.restore()  # a fit that failed still puts them back
+            self._tuner.math.restore()
+        if stage == "fit" and self._tuner.loader is not None:
+            self._tuner.loader.shutdown()

@@ -78,12 +78,7 @@ class Tuner:
         self.config, self.monitor, self.resources = config, monitor, resources
         self.verbose, self.carried = verbose, carried
         self.world_size, self.local_ranks = world_size, local_ranks
-        self.loop = TuningLoop(
-            warmup_steps=config.warmup_steps, settle_steps=config.settle_steps,
-            min_gain=config.min_gain, max_trials=config.max_trials,
-            time_budget_s=config.time_budget_s, max_workers=config.max_workers,
-            window_steps=config.window_steps,
-        )  # fmt: skip
+        self.loop = TuningLoop(config)
         self.loader: SwitchableLoader | None = None
         self.math = MathKnobs(allowed)
         self.knobs = Knobs(lambda: self.loader, self.math)

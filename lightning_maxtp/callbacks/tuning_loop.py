@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.cost import TuningCost
 from lightning_maxtp.callbacks.judge import judge, judged
 from lightning_maxtp.callbacks.trials import (
@@ -70,30 +71,13 @@ class TuningLoop:
     """Phase, reference window, trials and knobs already tried, for one ``fit``.
 
     Args:
-        warmup_steps: Steps before the baseline window.
-        settle_steps: Steps after a switch before the trial window.
-        min_gain: Keep a knob when throughput rose by at least this share.
-        max_trials: Most trials.
-        time_budget_s: No trial starts after this many seconds of tuning.
-        max_workers: The user's worker cap (``None``: the recommendations' own budget).
-        window_steps: Steps per measured window (only for saying how long a fit must be).
+        config: The settings it reads: ``warmup_steps``, ``settle_steps``, ``min_gain``,
+            ``max_trials``, ``time_budget_s``, ``max_workers`` and ``window_steps`` (only for
+            saying how long a fit must be).
     """
 
-    def __init__(
-        self,
-        *,
-        warmup_steps: int,
-        settle_steps: int,
-        min_gain: float,
-        max_trials: int,
-        time_budget_s: float,
-        max_workers: int | None,
-        window_steps: int | None = None,
-    ) -> None:
-        self.warmup_steps, self.settle_steps, self.min_gain = warmup_steps, settle_steps, min_gain
-        self.max_trials, self.time_budget_s = max_trials, time_budget_s
-        self.max_workers = max_workers
-        self.window_steps = window_steps
+    def __init__(self, config: TuningConfig) -> None:
+        self.config = config
         self.phase = "warmup"
         self.steps = 0
         self.trials: list[KnobTrial] = []
@@ -127,7 +111,7 @@ class TuningLoop:
                 (the settle steps count only from then on).
         """
         self.steps += 1
-        if self.phase == "warmup" and self.steps >= self.warmup_steps:
+        if self.phase == "warmup" and self.steps >= self.config.warmup_steps:
             self._t_start = time.perf_counter()
             self.phase = "baseline"
             return True
@@ -158,7 +142,7 @@ class TuningLoop:
         (its first steps compile).
         """
         assert self.ref is not None
-        settle = self.settle_steps if settle_steps is None else settle_steps
+        settle = self.config.settle_steps if settle_steps is None else settle_steps
         self._trial = _Trial(knob, old, new, why, step, [(self.ref, self.ref_found)],
                              settle_steps=settle)  # fmt: skip
         self._settle()
@@ -198,7 +182,7 @@ class TuningLoop:
         """
         assert self._trial is not None
         rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
-        return judge(rates, self.min_gain)[0]
+        return judge(rates, self.config.min_gain)[0]
 
     def advance(
         self, decision: str, window: Window, found: tuple[Diagnosis, ...], guard: Any = None
@@ -231,7 +215,7 @@ class TuningLoop:
         shown_new = t.new[t.knob] if t.knob in t.new else fmt_settings(t.new)
         kept = verdict == "kept"
         olds, news = t.windows[0::2], t.windows[1::2]
-        before, after, noise, lost = judged(t.windows, kept, self.min_gain)
+        before, after, noise, lost = judged(t.windows, kept, self.config.min_gain)
         steps = sum(w.steps for w, _ in news)
         trial = KnobTrial(
             t.knob, shown_old, shown_new, t.why, before_samples_per_s=before,
@@ -266,17 +250,17 @@ class TuningLoop:
                 for the next allowed math knob (``allow``).
         """
         elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
-        if len(self.trials) >= self.max_trials:
-            return f"max_trials={self.max_trials} reached"
-        if elapsed >= self.time_budget_s:
-            return f"time_budget_s={self.time_budget_s:g} spent"
+        if len(self.trials) >= self.config.max_trials:
+            return f"max_trials={self.config.max_trials} reached"
+        if elapsed >= self.config.time_budget_s:
+            return f"time_budget_s={self.config.time_budget_s:g} spent"
         found = self.ref_found
         if loader_plan is not None and found and found[0].kind.value in DATA_KINDS:
             planned = loader_plan()
             if planned is not None:
                 return planned
         change = next_change(found, settings, self.tried, device_type=device_type,
-                             max_workers=self.max_workers)  # fmt: skip
+                             max_workers=self.config.max_workers)  # fmt: skip
         kind = found[0].kind.value if found else "unknown"
         planned = math(kind) if change is None and math is not None else None
         if planned is not None:
@@ -305,7 +289,7 @@ class TuningLoop:
         if self._tuning_s is None:
             started = self._t_start
             self._tuning_s = 0.0 if started is None else time.perf_counter() - started
-            self._tuning_steps = max(0, self.steps - self.warmup_steps)
+            self._tuning_steps = max(0, self.steps - self.config.warmup_steps)
 
     def end(self, guard: Any = None) -> KnobTrial | None:
         """The fit ended: tuning time and steps are fixed even if tuning did not finish.
@@ -321,12 +305,12 @@ class TuningLoop:
             failed = guard is not None and not guard.passed
             unfinished = self._finish("guarded" if failed else "unfinished")
             self.stop_reason = "the fit ended during a trial"
-        elif self.phase in ("warmup", "baseline") and self.window_steps is not None:
-            need = self.warmup_steps + self.window_steps
+        elif self.phase in ("warmup", "baseline"):
+            need = self.config.warmup_steps + self.config.window_steps
             self.stop_reason = (
                 f"the fit ended before the baseline was measured: it ran {self.steps} steps, "
-                f"tuning needs at least {need} ({self.warmup_steps} warm-up + "
-                f"{self.window_steps} baseline)"
+                f"tuning needs at least {need} ({self.config.warmup_steps} warm-up + "
+                f"{self.config.window_steps} baseline)"
             )
         self._close()
         return unfinished
@@ -350,7 +334,7 @@ class TuningLoop:
         tuning_s, steps = self._tuning_s, self._tuning_steps
         if tuning_s is None:
             tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
-            steps = max(0, self.steps - self.warmup_steps)
+            steps = max(0, self.steps - self.config.warmup_steps)
         return TuningSummary(
             trials=tuple(self.trials), baseline_samples_per_s=self.baseline,
             tuned_samples_per_s=tuned_samples_per_s

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_maxtp.callbacks.carry import carried_settings, state
+from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.tuning_loop import TuningLoop
 from lightning_maxtp.observe.status import read_status, status_path, write_status
 
@@ -29,8 +30,8 @@ SETTINGS = {"num_workers": 3, "prefetch_factor": 2, "pin_memory": False,
     ],
 )
 def test_only_converged_tuning_is_carried(reason: str, converged: bool) -> None:
-    loop = TuningLoop(warmup_steps=1, settle_steps=1, min_gain=0.05, max_trials=3,
-                      time_budget_s=300.0, max_workers=None)  # fmt: skip
+    config = TuningConfig(warmup_steps=1, settle_steps=1, max_trials=3, time_budget_s=300.0)
+    loop = TuningLoop(config)
     loop.stop(reason)
     assert loop.converged is converged
 

@@ -237,6 +237,26 @@ def test_invalid_arguments_are_named(kwargs: dict[str, Any], match: str) -> None
         MaxThroughputCallback(**kwargs)
 
 
+def test_keywords_or_one_config_object_with_the_defaults_defined_once() -> None:
+    import dataclasses
+    import inspect
+
+    from lightning_maxtp import TuningConfig
+
+    params = inspect.signature(MaxThroughputCallback).parameters
+    for field in dataclasses.fields(TuningConfig):  # every field is a keyword, same default
+        assert params[field.name].default == field.default, field.name
+    config = TuningConfig(max_trials=2, allow=["precision"])
+    assert config.allow == ("precision",)
+    callback = MaxThroughputCallback(config, verbose=False)
+    assert callback.config is config
+    assert MaxThroughputCallback(max_trials=2, allow=("precision",)).config == config
+    with pytest.raises(ValueError, match=r"either as `config=` or as keywords.*max_trials=3"):
+        MaxThroughputCallback(config=config, max_trials=3)
+    with pytest.raises(ValueError, match=r"`config` must be a TuningConfig or None, got dict"):
+        MaxThroughputCallback(config={"max_trials": 2})  # type: ignore[arg-type]
+
+
 _DDP_SCRIPT = """
 import sys, json
 sys.path.insert(0, {root!r})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from lightning_maxtp.callbacks.config import TuningConfig
 from lightning_maxtp.callbacks.judge import judge
 from lightning_maxtp.callbacks.trials import KnobTrial, remaining
 from lightning_maxtp.callbacks.tuning_loop import TuningLoop
@@ -40,10 +43,10 @@ def compute() -> tuple[Diagnosis, ...]:
     return (Diagnosis(BottleneckKind.COMPUTE, 0.8, "the step is the limit"),)
 
 
-def loop(**kwargs: object) -> TuningLoop:
+def loop(**kwargs: Any) -> TuningLoop:
     args = {"warmup_steps": 2, "settle_steps": 1, "min_gain": 0.05, "max_trials": 5,
             "time_budget_s": 60.0, "max_workers": None} | kwargs  # fmt: skip
-    return TuningLoop(**args)  # type: ignore[arg-type]
+    return TuningLoop(TuningConfig(**args))
 
 
 def measure(lp: TuningLoop, step_ms: float, found: tuple[Diagnosis, ...]) -> object:
