@@ -3,7 +3,8 @@
 Layers, lowest first: the leaf helpers (``_units``, ``_log``), ``resources`` (the probe) and
 ``_compat`` (every private Lightning and torch access),
 ``observe`` (windows, diagnosis, report), the stages built on them (``loader``, ``batch_size``,
-``strategy``, ``pack``, ``inference``), ``data``, ``callbacks`` (the Lightning glue), ``bench``
+``strategy``, ``pack``, ``inference``), ``data``, ``knobs`` (one module per knob), ``callbacks``
+(the Lightning glue), ``bench``
 (which times jobs with the callback), then the top level (``__init__``, ``cli``, ``_register``).
 A module imports its own subpackage or lower layers only, at module level or inside a function;
 imports under ``TYPE_CHECKING`` are free.
@@ -25,9 +26,10 @@ LAYERS = {
     "observe": 2,
     "loader": 3, "batch_size": 3, "strategy": 3, "pack": 3,
     "data": 4, "inference": 4,
-    "callbacks": 5,
-    "bench": 6,
-    "__init__": 7, "cli": 7, "_register": 7,
+    "knobs": 5,
+    "callbacks": 6,
+    "bench": 7,
+    "__init__": 8, "cli": 8, "_register": 8,
 }  # fmt: skip
 SUBPACKAGES = sorted(k for k in LAYERS if (PACKAGE / k).is_dir())
 MAX_MODULE_LINES = 360

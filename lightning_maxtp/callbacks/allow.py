@@ -1,59 +1,31 @@
 """The knobs beyond the loader's the closed loop may change: ``"safe"``, ``"all"``, or names.
 
-Pure (no torch). ``"safe"`` keeps the math: the loader's knobs and the main process's threads,
-plus ``cudnn.benchmark`` unless the Trainer is deterministic (it picks among kernels computing
-the same convolution). ``"all"`` adds the knobs that change the numbers a little (precision,
-memory layout, TF32, compiled kernels, fused optimizer steps) or the optimization (the batch
-size): each is a trial with a numerics guard and a rollback. Which of them a diagnosis points
-to, in which order, is ``MATH_ORDER``.
+Pure (no torch). The names, the presets and the order per bottleneck come from
+``knobs.registry``. ``"safe"`` keeps the math: the loader's knobs and the main process's
+threads, plus ``cudnn.benchmark`` unless the Trainer is deterministic (it picks among kernels
+computing the same convolution). ``"all"`` adds the knobs that change the numbers a little
+(precision, memory layout, TF32, compiled kernels, fused optimizer steps) or the optimization
+(the batch size): each is a trial with a numerics guard and a rollback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal
 
-__all__ = [
-    "GUARDED",
-    "MATH_KNOBS",
-    "MATH_ORDER",
-    "Allow",
-    "MathKnob",
-    "math_knobs_for",
-    "resolve_allow",
-]
+from lightning_maxtp.knobs.registry import (
+    GUARDED,
+    MATH_KNOBS,
+    MATH_ORDER,
+    NOT_DETERMINISTIC,
+    SAFE,
+    MathKnob,
+)
 
-MathKnob = Literal[
-    "precision", "channels_last", "tf32", "cudnn_benchmark", "compile", "fused_optimizer",
-    "batch_size",
-]  # fmt: skip
-"""A knob ``allow`` may name."""
-
-MATH_KNOBS: tuple[str, ...] = get_args(MathKnob)
+__all__ = ["Allow", "math_knobs_for", "resolve_allow"]
 
 Allow = Literal["safe", "all"] | tuple[MathKnob, ...]
 """``MaxThroughputCallback(allow=...)``: a preset, or the knobs by name."""
-
-SAFE: tuple[str, ...] = ("cudnn_benchmark",)
-"""The knobs ``"safe"`` allows beyond the loader's (same math)."""
-
-GUARDED = frozenset({"precision", "channels_last", "tf32", "compile", "fused_optimizer"})
-"""Trials that run under the numerics guard: their kernels round differently."""
-
-MATH_ORDER: dict[str, tuple[str, ...]] = {
-    # Busy device: fewer bytes and cheaper math first, then fewer kernels, then the optimizer.
-    "compute": ("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
-                "fused_optimizer"),
-    "healthy": ("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
-                "fused_optimizer"),
-    # Many tiny kernels: fuse them (the batch is chosen before the fit, see ``batch_size``).
-    "kernel_launch": ("compile", "fused_optimizer", "cudnn_benchmark"),
-    "host_overhead": ("compile", "fused_optimizer"),
-    # Near the memory ceiling: half-size activations.
-    "vram": ("precision",),
-}  # fmt: skip
-"""Per bottleneck kind, the knobs that can pay, in the order they are tried (data-bound kinds:
-none; the device waits on the loader, so faster math cannot show)."""
 
 
 def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: bool = False) -> (
@@ -94,7 +66,7 @@ def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: boo
     if batch_size:
         names.add("batch_size")
     if deterministic:  # knobs kept or not by timing: two runs could differ
-        names -= {"cudnn_benchmark", *GUARDED}
+        names -= GUARDED | NOT_DETERMINISTIC
     return tuple(n for n in MATH_KNOBS if n in names)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 
 if TYPE_CHECKING:
@@ -106,8 +107,11 @@ def adopt_carried(tuner: Tuner, trainer: pl.Trainer) -> None:
     # Math knobs come back only where this fit allows them and could try them (its Trainer's
     # precision or strategy may differ from the fit that kept them).
     math = tuner.math
-    settings = {k: v for k, v in settings.items() if k in LOADER_KNOBS
-                or (k in math.allowed and isinstance(math.offer(k), tuple))}  # fmt: skip
+    settings = {
+        k: v
+        for k, v in settings.items()
+        if k in LOADER_KNOBS or (k in math.allowed and isinstance(math.offer(k), Offer))
+    }
     now = tuner.knobs.current(settings)
     changed = {k: v for k, v in settings.items() if now.get(k) != v}
     if changed:

@@ -1,6 +1,6 @@
 """The numerics guard: a math trial that damages training is undone, step by step.
 
-Before a trial of a knob that rounds differently (``allow.GUARDED``) the module's and the
+Before a trial of a knob that rounds differently (``knobs.registry.GUARDED``) the module's and the
 optimizers' state are copied to host memory. Every measured window's losses are collected on
 the device (no sync per step) and read once at the window's end. The trial's window fails the
 guard when

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.allow import MATH_KNOBS
+from lightning_maxtp.knobs.registry import KNOBS, MATH_KNOBS
 
 if TYPE_CHECKING:
     from lightning_maxtp.callbacks.math_knobs import MathKnobs
@@ -127,8 +127,9 @@ class Knobs:
         """The current values windows are diagnosed with (``JobContext`` fields)."""
         context = {**self._loader_settings(), THREADS: self.threads.current()}
         if self.math is not None and self.math.trainer is not None:
-            context["precision"] = self.math.current("precision")
-            context["compiled"] = self.math.current("compile")
+            for knob in KNOBS:
+                if knob.context_field is not None:
+                    context[knob.context_field] = self.math.current(knob.name)
         return context
 
     def current(self, keys: Iterable[str]) -> dict[str, Any]:

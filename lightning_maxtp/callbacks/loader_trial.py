@@ -12,7 +12,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.allow import GUARDED
+from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 
@@ -69,9 +69,9 @@ def plan_line(
 
 def _allowed_words(config: TuningConfig, resources: Resources) -> str:
     """What ``allow`` lets the loop try beyond the loader's knobs, in words."""
-    allowed = [k for k in config.allowed() if k != "batch_size"]
+    allowed = [k for k in config.allowed() if not knob_class(k).before_fit]
     if not resources.gpus:  # TF32 and cuDNN flags do nothing on a CPU
-        allowed = [k for k in allowed if k not in ("tf32", "cudnn_benchmark")]
+        allowed = [k for k in allowed if "cpu" in DEVICE_LIMITED.get(k, {"cpu"})]
     guard = ", behind a numerics guard" if GUARDED & set(allowed) else ""
     math = f"also {', '.join(allowed)}{guard}" if allowed else "loader knobs only"
     batch = "batch size may grow" if "batch_size" in config.allowed() else "batch size unchanged"

@@ -12,9 +12,16 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.allow import GUARDED, MATH_ORDER, math_knobs_for
+from lightning_maxtp.callbacks.allow import math_knobs_for
 from lightning_maxtp.callbacks.guard import GuardCheck, loss_band
-from lightning_maxtp.callbacks.math_knobs import CUDA_ONLY
+from lightning_maxtp.knobs.base import NotOffered
+from lightning_maxtp.knobs.registry import (
+    DEVICE_LIMITED,
+    GUARDED,
+    MATH_KNOBS,
+    MATH_ORDER,
+    knob_class,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -24,8 +31,6 @@ if TYPE_CHECKING:
     from lightning_maxtp.callbacks.tuning_loop import Change
 
 __all__ = [
-    "COMPILE_COST_S",
-    "COMPILE_SETTLE_STEPS",
     "after_trial",
     "closing_check",
     "count_switch",
@@ -37,46 +42,41 @@ __all__ = [
     "watch",
 ]
 
-COMPILE_COST_S = 30.0
-"""What a compile costs at least (a small conv net on two CPU cores; a ResNet-50 on a GPU takes
-longer): with less tuning budget left, compile is not tried, it could not pay back in time."""
-
-COMPILE_SETTLE_STEPS = 2
-"""Steps after switching to compiled kernels before a window starts: the first compiles the
-forward and backward graphs, the second may recompile (a dynamo guard on, e.g., a shape)."""
-
 
 def math_change(tuner: Tuner, kind: str) -> Change | None:
     """Rank zero: the next allowed math knob the ``kind`` bottleneck points to, not yet tried."""
-    allowed, cuda = tuner.math.allowed, tuner.monitor.context.device_type == "cuda"
-    missing = [k for k in MATH_ORDER.get(kind, ())
-               if k not in allowed and (cuda or k not in CUDA_ONLY)]  # fmt: skip
+    allowed, device = tuner.math.allowed, tuner.monitor.context.device_type
+    missing = [
+        k
+        for k in MATH_ORDER.get(kind, ())
+        if k not in allowed and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
+    ]
     if missing and tuner.config.allow != "all":
         tuner.note(f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
                    "allow='all' tries each behind a numerics guard)")  # fmt: skip
     cost = tuner.summary.cost
     left = cost.left_s if cost is not None else math.inf
     for knob in math_knobs_for(kind, allowed):
-        if knob == "batch_size":  # chosen before the fit (``find_batch_size``)
+        spec = knob_class(knob)
+        if spec.before_fit:  # chosen before the fit (``find_batch_size``)
             continue
         offer = tuner.math.offer(knob)
-        if knob == "compile" and isinstance(offer, tuple) and left < COMPILE_COST_S:
-            offer = f"less tuning budget left than a compile takes ({COMPILE_COST_S:.0f} s)"
-        if isinstance(offer, str):
-            if offer not in ("already on", "CUDA only") and tuner.config.allow != "safe":
+        if not isinstance(offer, NotOffered) and left < spec.min_budget_s:
+            offer = NotOffered(f"less tuning budget left than it needs ({spec.min_budget_s:.0f} s)")
+        if isinstance(offer, NotOffered):
+            if not offer.quiet and tuner.config.allow != "safe":
                 tuner.note(f"{knob} not tried: {offer}")
             continue
-        _, new, why = offer
-        if (knob, repr(new)) in tuner.loop.tried:
+        if (knob, repr(offer.proposed)) in tuner.loop.tried:
             continue
-        return knob, {knob: new}, f"{kind} bottleneck: {why}"
+        return knob, {knob: offer.proposed}, f"{kind} bottleneck: {offer.why}"
     return None
 
 
 def settle_steps(tuner: Tuner, knob: str) -> int:
     """Steps before each of the trial's windows."""
-    settle = tuner.config.settle_steps
-    return max(settle, COMPILE_SETTLE_STEPS) if knob == "compile" else settle
+    least = knob_class(knob).settle_steps if knob in MATH_KNOBS else 0  # loader knobs: none
+    return max(tuner.config.settle_steps, least)
 
 
 def guard_window(tuner: Tuner, trainer: pl.Trainer, losses: list[float]) -> GuardCheck | None:
@@ -117,8 +117,9 @@ def closing_check(tuner: Tuner) -> GuardCheck | None:
 def start(tuner: Tuner, trainer: pl.Trainer, knob: str) -> None:
     """Before a trial: snapshot the state for a guarded knob, and note where the switch began."""
     tuner.switch_from = len(tuner.monitor.clock.step_log)
-    if knob == "compile":  # the budget grew with what earlier changes earned: no longer true
-        tuner.notes[:] = [n for n in tuner.notes if not n.startswith("compile not tried: less")]
+    if knob in MATH_KNOBS and knob_class(knob).min_budget_s:  # the budget grew since
+        stale = f"{knob} not tried: less tuning budget"
+        tuner.notes[:] = [n for n in tuner.notes if not n.startswith(stale)]
     if knob in GUARDED and tuner.guard.enabled:
         tuner.guard.snapshot(trainer)
 
@@ -135,17 +136,21 @@ def after_trial(tuner: Tuner, trial: KnobTrial) -> None:
         tuner.note(f"numerics guard: {trial.knob} {trial.old} -> {trial.new} reverted at step "
                    f"{trainer.global_step}; {trial.guard}; the state of step {step} restored "
                    f"({'done' if restored else 'no snapshot'})")  # fmt: skip
-    if "precision" not in tuner.math.in_force:  # a kept precision change stays watched
+    if not _watched(tuner):  # a kept change of a watched knob (precision) stays watched
         guard.drop()
 
 
 def count_switch(tuner: Tuner) -> None:
-    """A compile trial's window starts: count its settle steps' excess over the reference's.
+    """A trial's window starts: count the settle steps' excess over the reference's.
 
-    That excess (the compiling) is a cost of tuning that no window measures.
+    Only for a knob whose first switch costs (compiling): that excess is a cost of tuning that
+    no window measures.
     """
     loop, ref = tuner.loop, tuner.loop.ref
-    if loop.trial_knob != "compile" or loop.trial_windows != 1 or ref is None:
+    knob = loop.trial_knob
+    if knob not in MATH_KNOBS or loop.trial_windows != 1 or ref is None:
+        return  # a loader trial, a later window, or no reference to compare with
+    if not knob_class(knob).first_switch_costs:
         return  # only the first switch compiles; later ones reuse the compiled callables
     log = tuner.monitor.clock.step_log[tuner.switch_from :]
     step_s = ref.total_s / max(1, ref.steps)
@@ -154,9 +159,13 @@ def count_switch(tuner: Tuner) -> None:
 
 
 def watch(tuner: Tuner, losses: list[float]) -> None:
-    """After tuning: a kept precision change must keep training finite, else it is undone."""
+    """After tuning: a kept change of a watched knob (precision) must keep training finite.
+
+    When a window goes non-finite the change is undone and the last state that passed restored.
+    """
     guard, trainer = tuner.guard, tuner.math.trainer
-    if "precision" not in tuner.math.in_force or not guard.enabled or trainer is None:
+    watched = _watched(tuner)
+    if not watched or not guard.enabled or trainer is None:
         return
     check = loss_band([], losses, params_finite=guard.params_finite(trainer.lightning_module))
     failed = not check.passed
@@ -166,15 +175,18 @@ def watch(tuner: Tuner, losses: list[float]) -> None:
         guard.snapshot(trainer)  # the last state that passed
         return
     step = guard.snapshot_step
-    old, original = tuner.math.in_force["precision"], tuner.math.original("precision")
-    tuner.knobs.request(precision=original)
+    changes = {k: (tuner.math.in_force[k], tuner.math.original(k)) for k in watched}
+    tuner.knobs.request(**{k: original for k, (_, original) in changes.items()})
     restored = guard.restore(trainer)
     guard.drop()
     tuner.monitor.clock.update_context(**tuner.knobs.context())
-    tuner.record_change("precision", old, original, f"reverted by the numerics guard: {check}")
-    tuner.note(f"numerics guard: precision {old} -> {original} at step {trainer.global_step} "
-               f"({check.reason}); the state of step {step} restored "
-               f"({'done' if restored else 'no snapshot'})")  # fmt: skip
+    for knob, (old, original) in changes.items():
+        tuner.record_change(knob, old, original, f"reverted by the numerics guard: {check}")
+        tuner.note(
+            f"numerics guard: {knob} {old} -> {original} at step {trainer.global_step} "
+            f"({check.reason}); the state of step {step} restored "
+            f"({'done' if restored else 'no snapshot'})"
+        )
 
 
 def grow_batch(tuner: Tuner, trainer: pl.Trainer) -> Any:
@@ -205,3 +217,8 @@ def grow_batch(tuner: Tuner, trainer: pl.Trainer) -> Any:
     plan = find_batch_size(trainer.lightning_module, trainer=trainer, global_batch="grow")
     plan.apply(trainer)
     return plan
+
+
+def _watched(tuner: Tuner) -> list[str]:
+    """The knobs in force that stay watched by the guard once kept."""
+    return [k for k in tuner.math.in_force if knob_class(k).watched]

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks import math_trial
-from lightning_maxtp.callbacks.allow import GUARDED
 from lightning_maxtp.callbacks.carry import adopt_carried, loader_key, machine_key, state
 from lightning_maxtp.callbacks.cost import TuningCost
 from lightning_maxtp.callbacks.guard import NumericsGuard
@@ -31,6 +30,7 @@ from lightning_maxtp.callbacks.trials import (
     top_line,
 )
 from lightning_maxtp.callbacks.tuning_loop import Change, TuningLoop, window_rate
+from lightning_maxtp.knobs.registry import GUARDED
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate

@@ -131,7 +131,7 @@ def compute(window: Window) -> list[Recommendation]:
     recs += [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
     if ctx.compiled is not True:
         recs.append(
-            Recommendation("torch.compile", False, True, "fuses elementwise kernels", False)
+            Recommendation("compile", False, True, "torch.compile fuses elementwise kernels", False)
         )
     return [r for r in recs if r is not None]
 

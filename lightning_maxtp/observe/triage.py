@@ -224,7 +224,7 @@ def _classify_cpu(
         return [_d(BottleneckKind.STORAGE, 0.6, f"I/O wait {iowait:.0f} % with little CPU", ev)]
     if cores >= th.MAIN_THREAD_BUSY:
         return [_d(BottleneckKind.COMPUTE, 0.7, f"the process tree keeps {cores:.1f} cores busy",
-                   ev, Recommendation("torch.compile", False, True, "if it is a torch job",
+                   ev, Recommendation("compile", False, True, "torch.compile, if it is a torch job",
                                       False))]  # fmt: skip
     return [_d(BottleneckKind.UNDER_OCCUPIED, 0.6, f"the process tree uses {cores:.0%} of a "
                "core and no I/O "

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from lightning_maxtp.callbacks.allow import MATH_KNOBS, math_knobs_for, resolve_allow
+from lightning_maxtp.callbacks.allow import math_knobs_for, resolve_allow
 from lightning_maxtp.callbacks.guard import loss_band
+from lightning_maxtp.knobs.registry import MATH_KNOBS
 
 
 def test_presets_and_names_resolve_in_one_order() -> None:
@@ -88,7 +89,7 @@ def test_a_compile_skipped_for_budget_is_no_longer_noted_once_it_is_tried() -> N
 
     from lightning_maxtp.callbacks import math_trial
 
-    note = "compile not tried: less tuning budget left than a compile takes (30 s)"
+    note = "compile not tried: less tuning budget left than it needs (30 s)"
     tuner = SimpleNamespace(
         notes=[note, "other"], monitor=SimpleNamespace(clock=SimpleNamespace(step_log=[1, 2])),
         guard=SimpleNamespace(enabled=False),

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
+from lightning_maxtp.knobs import NotOffered, Offer
 from tests.helpers.models import ConvModel
 
 
@@ -35,14 +36,15 @@ def test_fused_adam_steps_and_is_undone_with_its_step_counters() -> None:
     knobs, trainer = _knobs()
     module, optimizer = trainer.lightning_module, trainer.optimizers[0]
     _step(module, optimizer)  # state exists before the switch, as mid-fit
-    old, new, why = knobs.offer("fused_optimizer")  # type: ignore[misc]
-    assert (old, new) == (False, True) and "fused" in why
+    offer = knobs.offer("fused_optimizer")
+    assert isinstance(offer, Offer) and (offer.current, offer.proposed) == (False, True)
+    assert "fused" in offer.why
 
     knobs.set("fused_optimizer", True)
     assert all(g["fused"] and not g["foreach"] for g in optimizer.param_groups)
     assert knobs.current("fused_optimizer") and knobs.in_force == {"fused_optimizer": True}
     _step(module, optimizer)
-    assert knobs.offer("fused_optimizer") == "already on"
+    assert knobs.offer("fused_optimizer") == NotOffered("already on", quiet=True)
 
     knobs.set("fused_optimizer", False)
     assert all(not g["fused"] and g["foreach"] is None for g in optimizer.param_groups)
@@ -54,14 +56,15 @@ def test_fused_adam_steps_and_is_undone_with_its_step_counters() -> None:
 def test_an_optimizer_without_a_fused_step_is_not_offered() -> None:
     module = ConvModel()
     knobs, _ = _knobs(optimizer=torch.optim.RMSprop(module.parameters()))
-    assert knobs.offer("fused_optimizer") == (
+    assert knobs.offer("fused_optimizer") == NotOffered(
         "no optimizer with a fused step (Adam, AdamW, SGD, Adagrad on the device)"
     )
 
 
 def test_cuda_flags_are_not_offered_on_a_cpu_and_are_put_back_at_the_fit_end() -> None:
     knobs, _ = _knobs()
-    assert knobs.offer("tf32") == "CUDA only" and knobs.offer("cudnn_benchmark") == "CUDA only"
+    cuda_only = NotOffered("CUDA only", quiet=True)
+    assert knobs.offer("tf32") == cuda_only and knobs.offer("cudnn_benchmark") == cuda_only
     matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
     try:
         knobs.set("tf32", True)
@@ -126,9 +129,10 @@ def test_precision_is_not_offered_while_gradients_accumulate() -> None:
     knobs, trainer = _knobs()
     trainer.strategy = SingleDeviceStrategy(device=torch.device("cpu"))
     trainer.accumulate_grad_batches, trainer.gradient_clip_val = 1, None
-    assert knobs.offer("precision")[1] == "bf16-mixed"  # type: ignore[index]
+    offer = knobs.offer("precision")
+    assert isinstance(offer, Offer) and offer.proposed == "bf16-mixed"
     trainer.accumulate_grad_batches = 4
-    assert knobs.offer("precision") == "gradients accumulate over several batches"
+    assert str(knobs.offer("precision")) == "gradients accumulate over several batches"
 
 
 def test_the_guard_restores_the_optimizer_state_in_place_and_keeps_the_schedule() -> None:
@@ -154,3 +158,19 @@ def test_the_guard_restores_the_optimizer_state_in_place_and_keeps_the_schedule(
     assert optimizer.param_groups[0] is group and group["lr"] == 5e-4
     assert all(p.grad is None for p in module.parameters())
     assert guard.restore(trainer)  # type: ignore[arg-type]  # the snapshot serves again
+
+
+def test_compile_switches_in_place_and_reuses_the_compiled_callables() -> None:
+    knobs, trainer = _knobs()
+    knobs.allowed = ("compile",)
+    module = trainer.lightning_module
+    assert not knobs.current("compile")
+    knobs.set("compile", True)  # compiled lazily, on the next call: nothing compiles here
+    assert knobs.current("compile") and knobs.in_force == {"compile": True}
+    first = [m._compiled_call_impl for m in module.children()]
+    assert all(c is not None for c in first)
+    knobs.set("compile", False)
+    assert not knobs.current("compile") and knobs.in_force == {}
+    knobs.set("compile", True)
+    assert [m._compiled_call_impl for m in module.children()] == first
+    assert knobs.offer("compile") == NotOffered("already on", quiet=True)

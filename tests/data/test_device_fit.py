@@ -13,11 +13,10 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
 from lightning_maxtp.callbacks import StepClock
-from lightning_maxtp.callbacks.math_knobs import CHANNELS_LAST_ORDER
-from lightning_maxtp.callbacks.math_state import to_channels_last
 from lightning_maxtp.data import DeviceTransform, EncodedImages, ToUint8, collate_encoded
 from lightning_maxtp.data.hooks import add_batch_step
 from lightning_maxtp.data.ops import IMAGENET_MEAN, IMAGENET_STD
+from lightning_maxtp.knobs.channels_last import CHANNELS_LAST_ORDER, to_channels_last
 from tests.helpers.jpegs import write_jpegs
 
 ONE_LEVEL = 1 / 255 / min(IMAGENET_STD)

@@ -1,0 +1,179 @@
+"""The ``Knob`` protocol: what one knob declares and does, and the fit it acts on.
+
+A knob is a class: its class attributes say what it is (``name``, what it is tried for, whether
+it is guarded, the devices it has an effect on, ...), and one instance per fit reads, offers,
+applies and restores its value on that fit (``FitView``). ``registry.KNOBS`` lists them; every
+set the loop needs (the ``allow`` names, the guarded ones, the order per bottleneck, the
+device-limited ones) is derived from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import torch
+
+__all__ = ["BaseKnob", "FitView", "Knob", "NotOffered", "Offer"]
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A change a knob can try on this fit: from ``current`` to ``proposed``, and why it may pay."""
+
+    current: Any
+    proposed: Any
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"current": self.current, "proposed": self.proposed, "why": self.why}
+
+
+@dataclass(frozen=True)
+class NotOffered:
+    """Why a knob cannot be tried on this fit.
+
+    ``quiet`` ones are not worth a note in the report ("already on", a device it has no effect
+    on).
+    """
+
+    reason: str
+    quiet: bool = False
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"reason": self.reason, "quiet": self.quiet}
+
+
+ALREADY_ON = NotOffered("already on", quiet=True)
+
+
+class FitView:
+    """The running fit as the knobs see it: the Trainer, its device, module and strategy."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.trainer = trainer
+
+    @property
+    def module(self) -> pl.LightningModule:
+        """The LightningModule being trained."""
+        return self.trainer.lightning_module
+
+    @property
+    def device(self) -> str:
+        """The device type of the root device: ``cuda``, ``cpu``, ``mps``..."""
+        return str(self.trainer.strategy.root_device.type)
+
+    def submodules(self) -> list[torch.nn.Module]:
+        """The module's children that hold parameters (the module itself when none does)."""
+        children = [c for c in self.module.children() if any(True for _ in c.parameters())]
+        return children or [self.module]
+
+    def sharded_by(self) -> str | None:
+        """Why the strategy keeps the module's parameters to itself (FSDP, DeepSpeed...).
+
+        ``None`` for single-device and DDP, where a knob may change the module in place.
+        """
+        from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+        strategy = self.trainer.strategy
+        if isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+            return None
+        return f"{type(strategy).__name__} wraps the module's parameters"
+
+
+class Knob(Protocol):
+    """One knob of the closed loop (see the module docstring); ``BaseKnob`` has the defaults."""
+
+    name: ClassVar[str]
+    """The name ``allow`` takes, the trials and the report use, and the diagnosis recommends."""
+    reason: ClassVar[str]
+    """What it is tried for, in the words of a trial's reason."""
+    preset: ClassVar[Literal["safe", "all"]]
+    """``"safe"``: same math, allowed by default; ``"all"``: opt-in (``allow="all"`` or by name)."""
+    guarded: ClassVar[bool]
+    """Its kernels round differently: its trial runs under the numerics guard."""
+    deterministic: ClassVar[bool]
+    """Its effect is the same run to run (``False``: it picks kernels by timing them)."""
+    watched: ClassVar[bool]
+    """Once kept it stays watched by the guard, and is undone when training goes non-finite."""
+    devices: ClassVar[frozenset[str] | None]
+    """The device types it has an effect on (``None``: every one)."""
+    tried_for: ClassVar[Mapping[str, int]]
+    """Bottleneck kinds it is tried for, each with its rank (lower first; equal ranks in the
+    registry's order)."""
+    settle_steps: ClassVar[int]
+    """Least steps after switching before a window starts."""
+    min_budget_s: ClassVar[float]
+    """Least tuning budget left (seconds) for its trial to be worth starting."""
+    first_switch_costs: ClassVar[bool]
+    """Its first switch runs steps no window measures at their cost (compiling): counted."""
+    before_fit: ClassVar[bool]
+    """Chosen before training, not tried mid-fit (the batch size)."""
+    context_field: ClassVar[str | None]
+    """The ``JobContext`` field its value is diagnosed as (``None``: not diagnosed)."""
+
+    def current(self, fit: FitView) -> Any:
+        """Its value now."""
+        ...
+
+    def offer(self, fit: FitView) -> Offer | NotOffered:
+        """The change to try on this fit, or why there is none."""
+        ...
+
+    def apply(self, fit: FitView, value: Any) -> None:
+        """Switch to ``value``: the next step runs with it."""
+        ...
+
+    def restore(self, fit: FitView) -> None:
+        """The fit ended: put back what is process-wide or the Trainer's (idempotent)."""
+        ...
+
+
+class BaseKnob:
+    """Defaults for a ``Knob``: a boolean switch, opt-in, unguarded, on every device."""
+
+    name: ClassVar[str] = ""
+    reason: ClassVar[str] = ""
+    preset: ClassVar[Literal["safe", "all"]] = "all"
+    guarded: ClassVar[bool] = False
+    deterministic: ClassVar[bool] = True
+    watched: ClassVar[bool] = False
+    devices: ClassVar[frozenset[str] | None] = None
+    tried_for: ClassVar[Mapping[str, int]] = {}
+    settle_steps: ClassVar[int] = 0
+    min_budget_s: ClassVar[float] = 0.0
+    first_switch_costs: ClassVar[bool] = False
+    before_fit: ClassVar[bool] = False
+    context_field: ClassVar[str | None] = None
+
+    def current(self, fit: FitView) -> Any:
+        """Its value now."""
+        raise NotImplementedError
+
+    def why_not(self, fit: FitView) -> str | None:
+        """Why it cannot be tried on this fit (``None``: it can)."""
+        return None
+
+    def offer(self, fit: FitView) -> Offer | NotOffered:
+        """A boolean switch: ``False -> True`` unless it is on already or ``why_not`` says no."""
+        if self.current(fit):
+            return ALREADY_ON
+        why = self.why_not(fit)
+        if why is not None:
+            return NotOffered(why)
+        return Offer(False, True, self.reason)
+
+    def apply(self, fit: FitView, value: Any) -> None:
+        """Switch to ``value``."""
+        raise NotImplementedError
+
+    def restore(self, fit: FitView) -> None:
+        """Nothing process-wide to put back."""

@@ -1,0 +1,129 @@
+"""``channels_last``: NHWC memory layout for the module's 4-D weights and every batch's 4-D floats.
+
+The weights move with ``module.to(memory_format=...)`` and the optimizers' tensors follow
+their strides; the batches are converted by a step added to ``on_after_batch_transfer`` (the
+DataModule's when it overrides the hook, else the module's), after ``DeviceTransform``'s step
+(``CHANNELS_LAST_ORDER``), which turns uint8 batches into the floats converted here. When the
+fit ends the weights stay as they were last set (kept or not); the batch step is removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from typing_extensions import override
+
+from lightning_maxtp.data.hooks import add_batch_step, hook_owner, remove_batch_step
+from lightning_maxtp.knobs.base import BaseKnob, FitView
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "CHANNELS_LAST_ORDER",
+    "ChannelsLast",
+    "four_d",
+    "layouts",
+    "state_layout",
+    "to_channels_last",
+]
+
+_HOOK = "on_after_batch_transfer"
+_STEP = "lightning_maxtp.channels_last"
+CHANNELS_LAST_ORDER = 100
+"""After ``DeviceTransform``'s step (order 0), which turns uint8 batches into floats."""
+
+
+class ChannelsLast(BaseKnob):
+    """The module's 4-D weights and the batches' 4-D floats in NHWC layout."""
+
+    name = "channels_last"
+    reason = "NHWC layout: convolutions without layout transposes"
+    guarded = True
+    tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0}
+
+    @override
+    def current(self, fit: FitView) -> bool:
+        nhwc = layouts(four_d(fit.module))
+        return bool(nhwc) and all(nhwc)
+
+    @override
+    def why_not(self, fit: FitView) -> str | None:
+        if not layouts(four_d(fit.module)):
+            return "the module has no 4-D (convolution) weights whose layout can change"
+        return fit.sharded_by()
+
+    @override
+    def apply(self, fit: FitView, value: Any) -> None:
+        import torch
+
+        layout = torch.channels_last if value else torch.contiguous_format
+        fit.module.to(memory_format=layout)
+        for optimizer in fit.trainer.optimizers:
+            state_layout(optimizer)
+        owner = hook_owner(fit.trainer, _HOOK)
+        if value:  # after the device transform's step: it makes the floats converted here
+            add_batch_step(owner, _HOOK, _STEP, to_channels_last, CHANNELS_LAST_ORDER)
+        else:
+            remove_batch_step(owner, _HOOK, _STEP)
+
+    @override
+    def restore(self, fit: FitView) -> None:
+        remove_batch_step(hook_owner(fit.trainer, _HOOK), _HOOK, _STEP)
+
+
+def four_d(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's 4-D (convolution) weights."""
+    return [p for p in module.parameters() if p.dim() == 4]
+
+
+def layouts(weights: list[torch.Tensor]) -> list[bool]:
+    """Per 4-D weight whose layout can change: whether it is channels_last now.
+
+    A 1x1 convolution's weight, or one with a single input channel, is contiguous in both
+    layouts at once (size-1 dimensions have no stride that matters); torch leaves such a
+    weight as it is, so it tells nothing and is left out.
+    """
+    import torch
+
+    found = []
+    for w in weights:
+        nchw, nhwc = w.is_contiguous(), w.is_contiguous(memory_format=torch.channels_last)
+        if nchw != nhwc:
+            found.append(nhwc)
+    return found
+
+
+def state_layout(optimizer: torch.optim.Optimizer) -> None:
+    """Each 4-D weight's optimizer tensors (moments, buffers) with the weight's strides.
+
+    Fused kernels pair a weight with its moments by memory offset and refuse mismatched
+    layouts, so after the weights change layout the moments follow (``empty_like`` keeps the
+    weight's strides).
+    """
+    import torch
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p) if p.dim() == 4 else None
+            for key, value in (state or {}).items():
+                if (
+                    torch.is_tensor(value)
+                    and value.shape == p.shape
+                    and value.stride() != p.stride()
+                ):
+                    state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)  # type: ignore[index]
+
+
+def to_channels_last(batch: Any) -> Any:
+    """``batch`` with its 4-D float tensors in NHWC layout."""
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 4 and torch.is_floating_point(t):
+            return t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    return apply_to_collection(batch, torch.Tensor, convert)

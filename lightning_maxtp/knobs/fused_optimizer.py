@@ -1,0 +1,100 @@
+"""``fused_optimizer``: ``fused=True`` on the param groups of the optimizers that have a fused step.
+
+One kernel per optimizer step instead of one per tensor. Adam's ``step`` counters move to the
+parameters' device with it (a fused step keeps them there) and back when it is switched off.
+What is kept stays on the optimizer when the fit ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from typing_extensions import override
+
+from lightning_maxtp._compat.torch_modules import fused_kernel_devices
+from lightning_maxtp.knobs.base import BaseKnob, FitView
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import torch
+
+__all__ = ["FUSED", "FusedOptimizer", "fused_groups", "steps_to"]
+
+FUSED = {"Adam": None, "AdamW": None, "SGD": None, "Adagrad": "cpu"}
+"""torch optimizers with a fused step (``fused=True``), and the one device it is limited to
+(Adagrad's fused kernel is CPU-only in some torch releases this package supports)."""
+
+
+class FusedOptimizer(BaseKnob):
+    """``fused=True`` on the optimizers' param groups that can take it."""
+
+    name = "fused_optimizer"
+    reason = "one fused kernel per optimizer step instead of one per tensor"
+    guarded = True
+    tried_for: ClassVar[Mapping[str, int]] = {
+        "compute": 0, "healthy": 0, "kernel_launch": 0, "host_overhead": 0,
+    }  # fmt: skip
+
+    def __init__(self) -> None:
+        self._was: list[tuple[torch.optim.Optimizer, dict[str, Any], Any, Any]] = []
+
+    @override
+    def current(self, fit: FitView) -> bool:
+        groups = fused_groups(fit.trainer)
+        return bool(groups) and all(g.get("fused") for _, g in groups)
+
+    @override
+    def why_not(self, fit: FitView) -> str | None:
+        if not fused_groups(fit.trainer):
+            return "no optimizer with a fused step (Adam, AdamW, SGD, Adagrad on the device)"
+        return None
+
+    @override
+    def apply(self, fit: FitView, value: Any) -> None:
+        if not value:
+            for optimizer, group, fused, foreach in self._was:
+                group["fused"], group["foreach"] = fused, foreach
+                steps_to(optimizer, group, fused=bool(fused))
+            self._was.clear()
+            return
+        for optimizer, group in fused_groups(fit.trainer):
+            self._was.append((optimizer, group, group.get("fused"), group.get("foreach")))
+            group["fused"], group["foreach"] = True, False  # fused and foreach exclude each other
+            steps_to(optimizer, group, fused=True)
+
+
+def fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[str, Any]]]:
+    """Param groups that can take ``fused=True`` now (floating params on a fused device)."""
+    import torch
+
+    devices = fused_kernel_devices()
+    groups = []
+    for optimizer in trainer.optimizers:
+        name = type(optimizer).__name__
+        if name not in FUSED or "fused" not in optimizer.defaults:
+            continue
+        only = FUSED[name]
+        for group in optimizer.param_groups:
+            params = group["params"]
+            if group.get("differentiable") or not params:
+                continue
+            if all(
+                p.device.type in devices
+                and torch.is_floating_point(p)
+                and only in (None, p.device.type)
+                for p in params
+            ):
+                groups.append((optimizer, group))
+    return groups
+
+
+def steps_to(optimizer: torch.optim.Optimizer, group: dict[str, Any], *, fused: bool) -> None:
+    """Adam's ``step`` counters live on the CPU, except for a fused step (on the param's device)."""
+    import torch
+
+    on_device = fused or group.get("capturable")  # capturable steps keep it on the device
+    for p in group["params"]:
+        state = optimizer.state.get(p)
+        if state and torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].to(p.device if on_device else "cpu", torch.float32)

@@ -1,0 +1,96 @@
+"""``precision``: mixed precision, by swapping the strategy's precision plugin mid-fit.
+
+``bf16-mixed`` where the device has bf16 (a CPU too: bf16 autocast), else ``16-mixed`` with a
+grad scaler (emulated bf16 on pre-Ampere GPUs is slower than fp16 with a scaler). One plugin
+per precision is kept and reused: a fresh ``16-mixed`` grad scaler would skip the first steps
+after every switch back (its scale starts high and overflows). The Trainer's own plugin is put
+back when the fit ends. Once kept it stays watched: a non-finite loss later undoes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from typing_extensions import override
+
+from lightning_maxtp._compat.torch_modules import steps_with_amp_scaling
+from lightning_maxtp.knobs.base import BaseKnob, FitView, NotOffered, Offer
+
+__all__ = ["Precision"]
+
+
+class Precision(BaseKnob):
+    """The strategy's precision plugin: ``32-true`` or a mixed precision."""
+
+    name = "precision"
+    reason = "mixed precision: half-size activations and tensor-core math"
+    guarded = True
+    watched = True
+    tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0, "vram": 0}
+    context_field: ClassVar[str | None] = "precision"
+
+    def __init__(self) -> None:
+        self._original: Any = None
+        self._plugins: dict[str, Any] = {}
+
+    @override
+    def current(self, fit: FitView) -> str:
+        return str(fit.trainer.precision)
+
+    @override
+    def why_not(self, fit: FitView) -> str | None:
+        from lightning.pytorch.plugins.precision import Precision as PlainPrecision
+
+        trainer, device = fit.trainer, fit.device
+        strategy = trainer.strategy
+        if str(trainer.precision) not in ("32-true", "32"):
+            return f"the Trainer already runs precision={trainer.precision!r}"
+        if fit.sharded_by() is not None:
+            return f"{type(strategy).__name__} keeps its own precision plugin"
+        if type(strategy.precision_plugin) is not PlainPrecision:
+            return f"custom precision plugin {type(strategy.precision_plugin).__name__}"
+        if trainer.accumulate_grad_batches > 1:
+            # A switch between two optimizer steps would unscale gradients summed unscaled.
+            return "gradients accumulate over several batches"
+        fused = any(steps_with_amp_scaling(o) for o in trainer.optimizers)
+        if trainer.gradient_clip_val and fused:
+            return "Lightning cannot clip gradients of a fused optimizer under mixed precision"
+        if device not in ("cuda", "cpu"):
+            return f"no mixed precision on {device}"
+        return None
+
+    @override
+    def offer(self, fit: FitView) -> Offer | NotOffered:
+        why = self.why_not(fit)
+        if why is not None:
+            return NotOffered(why)
+        return Offer(self.current(fit), self._proposal(fit.device), self.reason)
+
+    @staticmethod
+    def _proposal(device: str) -> str:
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return "16-mixed"
+        return "bf16-mixed"
+
+    @override
+    def apply(self, fit: FitView, value: Any) -> None:
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        strategy = fit.trainer.strategy
+        if self._original is None:
+            self._original = strategy.precision_plugin
+        if value in ("32-true", "32"):
+            strategy.precision_plugin = self._original
+            return
+        if value not in self._plugins:  # a 16-mixed one makes its own grad scaler
+            self._plugins[value] = MixedPrecision(value, fit.device)
+        strategy.precision_plugin = self._plugins[value]
+
+    @override
+    def restore(self, fit: FitView) -> None:
+        if self._original is not None:
+            fit.trainer.strategy.precision_plugin = self._original
+            self._original = None

@@ -1,0 +1,89 @@
+"""The knobs, one line each, and every set the loop derives from them.
+
+Adding a knob: its module (a ``BaseKnob`` subclass), one line in ``KNOBS`` and its name in
+``MathKnob``, a test, and its row in the README's knob table (``tests/knobs/test_registry.py``
+keeps the four in agreement). Pure: importing it imports neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from lightning_maxtp.knobs.base import Knob
+from lightning_maxtp.knobs.batch_size import BatchSize
+from lightning_maxtp.knobs.channels_last import ChannelsLast
+from lightning_maxtp.knobs.compile import Compile
+from lightning_maxtp.knobs.cudnn_benchmark import CudnnBenchmark
+from lightning_maxtp.knobs.fused_optimizer import FusedOptimizer
+from lightning_maxtp.knobs.precision import Precision
+from lightning_maxtp.knobs.tf32 import Tf32
+
+__all__ = [
+    "DEVICE_LIMITED",
+    "GUARDED",
+    "KNOBS",
+    "MATH_KNOBS",
+    "MATH_ORDER",
+    "NOT_DETERMINISTIC",
+    "SAFE",
+    "MathKnob",
+    "knob_class",
+]
+
+KNOBS: tuple[type[Knob], ...] = (
+    Precision,
+    ChannelsLast,
+    Tf32,
+    CudnnBenchmark,
+    Compile,
+    FusedOptimizer,
+    BatchSize,
+)
+"""Every knob beyond the loader's and the main threads', in the order ties are tried."""
+
+MathKnob = Literal[
+    "precision", "channels_last", "tf32", "cudnn_benchmark", "compile", "fused_optimizer",
+    "batch_size",
+]  # fmt: skip
+"""A knob ``allow`` may name: ``KNOBS``' names spelled out, for type checkers and LightningCLI."""
+
+MATH_KNOBS: tuple[str, ...] = tuple(k.name for k in KNOBS)
+assert get_args(MathKnob) == MATH_KNOBS, "MathKnob must list KNOBS' names, in order"
+
+SAFE: tuple[str, ...] = tuple(k.name for k in KNOBS if k.preset == "safe")
+"""The knobs ``allow="safe"`` permits beyond the loader's (same math)."""
+
+GUARDED = frozenset(k.name for k in KNOBS if k.guarded)
+"""Trials that run under the numerics guard: their kernels round differently."""
+
+NOT_DETERMINISTIC = frozenset(k.name for k in KNOBS if not k.deterministic)
+"""Knobs whose effect differs run to run; a deterministic Trainer never tries them."""
+
+DEVICE_LIMITED: dict[str, frozenset[str]] = {
+    k.name: k.devices for k in KNOBS if k.devices is not None
+}
+"""The knobs with an effect on some device types only, and those types."""
+
+
+def _order(kind: str) -> tuple[str, ...]:
+    ranked = [(k.tried_for[kind], i, k.name) for i, k in enumerate(KNOBS) if kind in k.tried_for]
+    return tuple(name for _, _, name in sorted(ranked))
+
+
+MATH_ORDER: dict[str, tuple[str, ...]] = {
+    kind: _order(kind) for kind in sorted({kind for k in KNOBS for kind in k.tried_for})
+}
+"""Per bottleneck kind, the knobs that can pay, in the order they are tried (data-bound kinds:
+none; the device waits on the loader, so faster math cannot show)."""
+
+
+def knob_class(name: str) -> type[Knob]:
+    """The knob called ``name``.
+
+    Raises:
+        ValueError: For a name that is not a knob's.
+    """
+    for knob in KNOBS:
+        if knob.name == name:
+            return knob
+    raise ValueError(f"unknown knob {name!r}; the knobs are {MATH_KNOBS}")
