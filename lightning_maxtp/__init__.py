@@ -25,7 +25,7 @@ _LAZY = {
     "JobContext": "lightning_maxtp.observe",
     "JobSpec": "lightning_maxtp.pack",
     "KernelCapture": "lightning_maxtp.observe",
-    "KnobTrial": "lightning_maxtp.callbacks",
+    "KnobTrial": "lightning_maxtp.tuning",
     "LoaderPlan": "lightning_maxtp.loader",
     "MaxThroughputCallback": "lightning_maxtp.callbacks",
     "ModelSize": "lightning_maxtp.strategy",
@@ -35,8 +35,8 @@ _LAZY = {
     "StepClock": "lightning_maxtp.callbacks",
     "StrategyPlan": "lightning_maxtp.strategy",
     "ThroughputReport": "lightning_maxtp.observe",
-    "TuningConfig": "lightning_maxtp.callbacks",
-    "TuningSummary": "lightning_maxtp.callbacks",
+    "TuningConfig": "lightning_maxtp.tuning",
+    "TuningSummary": "lightning_maxtp.tuning",
     "Window": "lightning_maxtp.observe",
     "apply_loader_plan": "lightning_maxtp.loader",
     "diagnose": "lightning_maxtp.observe",
@@ -86,14 +86,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
-    from lightning_maxtp.callbacks import (
-        BottleneckMonitor,
-        KnobTrial,
-        MaxThroughputCallback,
-        StepClock,
-        TuningConfig,
-        TuningSummary,
-    )
+    from lightning_maxtp.callbacks import BottleneckMonitor, MaxThroughputCallback, StepClock
     from lightning_maxtp.inference import BatchInferencePool
     from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
     from lightning_maxtp.observe import (
@@ -110,6 +103,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.resources import Resources, inspect_resources
     from lightning_maxtp.strategy import ModelSize, StrategyPlan, plan_strategy
     from lightning_maxtp.strategy.auto_maxtp import AutoMaxTP
+    from lightning_maxtp.tuning import KnobTrial, TuningConfig, TuningSummary
 
 
 def __getattr__(name: str) -> Any:

@@ -3,8 +3,8 @@
 Layers, lowest first: the leaf helpers (``_units``, ``_log``), ``resources`` (the probe) and
 ``_compat`` (every private Lightning and torch access),
 ``observe`` (windows, diagnosis, report), the stages built on them (``loader``, ``batch_size``,
-``strategy``, ``pack``, ``inference``), ``data``, ``knobs`` (one module per knob), ``callbacks``
-(the Lightning glue), ``bench``
+``strategy``, ``pack``, ``inference``), ``data``, ``knobs`` (one module per knob), ``tuning``
+(the loop's decisions, pure), ``callbacks`` (the Lightning glue), ``bench``
 (which times jobs with the callback), then the top level (``__init__``, ``cli``, ``_register``).
 A module imports its own subpackage or lower layers only, at module level or inside a function;
 imports under ``TYPE_CHECKING`` are free.
@@ -27,12 +27,14 @@ LAYERS = {
     "loader": 3, "batch_size": 3, "strategy": 3, "pack": 3,
     "data": 4, "inference": 4,
     "knobs": 5,
-    "callbacks": 6,
-    "bench": 7,
-    "__init__": 8, "cli": 8, "_register": 8,
+    "tuning": 6,
+    "callbacks": 7,
+    "bench": 8,
+    "__init__": 9, "cli": 9, "_register": 9,
 }  # fmt: skip
 SUBPACKAGES = sorted(k for k in LAYERS if (PACKAGE / k).is_dir())
-MAX_MODULE_LINES = 360
+LONG_MODULE_LINES = 500
+"""A module longer than this says why in its docstring (a line starting "Long because")."""
 
 
 def _module_name(path: Path) -> str:
@@ -51,13 +53,18 @@ def _stage(module: str) -> str:
     return parts[1]
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """Package modules ``path`` imports outside ``if TYPE_CHECKING:`` (any depth)."""
+def _runtime_imports(path: Path, *, typing: bool = False) -> set[str]:
+    """Package modules ``path`` imports outside ``if TYPE_CHECKING:`` (any depth); with
+    ``typing``, those inside it too."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if (
+                not typing
+                and isinstance(child, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(child.test)
+            ):
                 for stmt in child.orelse:
                     visit(stmt)
                 continue
@@ -75,13 +82,23 @@ def _runtime_imports(path: Path) -> set[str]:
 
 
 GRAPH = {name: _runtime_imports(path) for name, path in MODULES.items()}
+TYPED_GRAPH = {name: _runtime_imports(path, typing=True) for name, path in MODULES.items()}
+"""The imports with those under ``if TYPE_CHECKING:`` too: a cycle hidden there is a cycle."""
 
 
-def test_every_module_belongs_to_a_layer_and_stays_small() -> None:
+def test_every_module_belongs_to_a_layer_and_a_long_one_says_why() -> None:
     assert {_stage(m) for m in MODULES} <= set(LAYERS), sorted({_stage(m) for m in MODULES})
-    too_long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines()))
-                > MAX_MODULE_LINES}  # fmt: skip
-    assert not too_long, f"split these modules (at most {MAX_MODULE_LINES} lines): {too_long}"
+    unexplained = {}
+    for module, path in MODULES.items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if lines > LONG_MODULE_LINES and "Long because" not in doc:
+            unexplained[module] = lines
+    assert not unexplained, (
+        f"over {LONG_MODULE_LINES} lines without a 'Long because ...' in the docstring (split "
+        f"where a name helps, or say why it is one idea): {unexplained}"
+    )
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert top == ["__init__.py", "_log.py", "_register.py", "_units.py", "cli.py"]
 
@@ -109,18 +126,20 @@ def test_no_module_imports_its_own_package_init() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_import_cycle() -> None:
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each module that is on one (depth-first, in sorted order)."""
     done: set[str] = set()
     path: list[str] = []
+    found: list[list[str]] = []
 
     def walk(module: str) -> None:
         if module in path:
-            cycle = [*path[path.index(module) :], module]
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+            found.append([*path[path.index(module) :], module])
+            return
         if module in done:
             return
         path.append(module)
-        for target in sorted(GRAPH.get(module, ())):
+        for target in sorted(graph.get(module, ())):
             if not module.startswith(target + "."):  # a package imports its own modules
                 walk(target)
         path.pop()
@@ -128,6 +147,48 @@ def test_no_import_cycle() -> None:
 
     for module in MODULES:
         walk(module)
+    return found
+
+
+# Cycles still hidden under TYPE_CHECKING, to remove; removing one is progress (its entry goes),
+# adding one fails. The trial steps moved out of ``Tuner`` take it whole and write into it; the
+# others are a data class whose convenience method (``report.write``, ``str(resources)``,
+# ``plan.apply``, ``AutoMaxTP.resolve``) calls a helper module that annotates the class.
+KNOWN_TYPED_CYCLES = {
+    frozenset({"lightning_maxtp.callbacks.tuner", "lightning_maxtp.callbacks.loader_trial"}),
+    frozenset({"lightning_maxtp.callbacks.tuner", "lightning_maxtp.callbacks.math_trial"}),
+    frozenset({"lightning_maxtp.observe.report", "lightning_maxtp.observe.timeline"}),
+    frozenset({"lightning_maxtp.resources.probe", "lightning_maxtp.resources.format"}),
+    frozenset({"lightning_maxtp.batch_size.plan", "lightning_maxtp.batch_size.apply"}),
+}
+
+
+def test_no_import_cycle() -> None:
+    cycles = _cycles(GRAPH)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_cycle_hidden_under_type_checking() -> None:
+    # A type-only import back up the chain still ties the two modules together: neither can be
+    # read, tested or moved without the other.
+    cycles = {frozenset(c) for c in _cycles(TYPED_GRAPH)}
+    assert cycles <= KNOWN_TYPED_CYCLES, "new cycles: " + str(cycles - KNOWN_TYPED_CYCLES)
+
+
+def test_tuning_is_pure() -> None:
+    # The loop's decisions are plain data in and out: no torch or lightning in any of its
+    # modules, not even inside a function (the light-import test below covers import time).
+    for module, path in MODULES.items():
+        if not module.startswith("lightning_maxtp.tuning"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            heavy = [n for n in names if n.split(".")[0] in ("torch", "lightning")]
+            assert not heavy, f"{module} imports {heavy}"
 
 
 @pytest.mark.parametrize("subpackage", [p for p in SUBPACKAGES if p != "callbacks"])

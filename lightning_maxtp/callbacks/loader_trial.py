@@ -19,11 +19,11 @@ from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from lightning_maxtp.callbacks.config import TuningConfig
     from lightning_maxtp.callbacks.tuner import Tuner
     from lightning_maxtp.loader.plan import LoaderPlan
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
+    from lightning_maxtp.tuning.config import TuningConfig
 
 __all__ = [
     "MIN_LOADER_MEASURE_S",

@@ -12,7 +12,6 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.allow import math_knobs_for
 from lightning_maxtp.callbacks.guard import GuardCheck, loss_band
 from lightning_maxtp.knobs.base import NotOffered
 from lightning_maxtp.knobs.registry import (
@@ -22,13 +21,14 @@ from lightning_maxtp.knobs.registry import (
     MATH_ORDER,
     knob_class,
 )
+from lightning_maxtp.tuning.allow import math_knobs_for
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_maxtp.callbacks.trials import KnobTrial
     from lightning_maxtp.callbacks.tuner import Tuner
-    from lightning_maxtp.callbacks.tuning_loop import Change
+    from lightning_maxtp.tuning.trials import KnobTrial
+    from lightning_maxtp.tuning.tuning_loop import Change
 
 __all__ = [
     "after_trial",

@@ -20,20 +20,20 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_maxtp._log import rank_zero_info
-from lightning_maxtp.callbacks.allow import Allow
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
-from lightning_maxtp.callbacks.config import DEFAULTS, TuningConfig, tuning_config
 from lightning_maxtp.callbacks.loader_trial import plan_line
 from lightning_maxtp.callbacks.math_trial import grow_batch
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
-from lightning_maxtp.callbacks.trials import KnobTrial, TuningSummary
 from lightning_maxtp.callbacks.tuner import Tuner
-from lightning_maxtp.callbacks.tuning_loop import window_rate
 from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.observe.capture import CaptureMode
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.thresholds import MIN_STEPS
 from lightning_maxtp.observe.window import Window
+from lightning_maxtp.tuning.allow import Allow
+from lightning_maxtp.tuning.config import DEFAULTS, TuningConfig, tuning_config
+from lightning_maxtp.tuning.trials import KnobTrial, TuningSummary
+from lightning_maxtp.tuning.tuning_loop import window_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

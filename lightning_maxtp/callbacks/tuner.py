@@ -15,33 +15,34 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks import math_trial
-from lightning_maxtp.callbacks.carry import adopt_carried, loader_key, machine_key, state
-from lightning_maxtp.callbacks.cost import TuningCost
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import loader_plan_trial
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
-from lightning_maxtp.callbacks.trials import (
-    KnobTrial,
-    TuningSummary,
-    fmt_settings,
-    in_force,
-    remaining,
-    top_line,
-)
-from lightning_maxtp.callbacks.tuning_loop import Change, TuningLoop, window_rate
+from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.knobs.registry import GUARDED
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
+from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
+from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.trials import (
+    KnobTrial,
+    TuningSummary,
+    fmt_settings,
+    remaining,
+    top_line,
+)
+from lightning_maxtp.tuning.tuning_loop import Change, TuningLoop, in_force, window_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
-    from lightning_maxtp.callbacks.config import TuningConfig
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
+    from lightning_maxtp.tuning.config import TuningConfig
 
 __all__ = ["Tuner"]
 
@@ -145,7 +146,7 @@ class Tuner:
     def adopt(self, trainer: pl.Trainer) -> None:
         """Apply settings tuned earlier, when they match (rank zero decides under DDP)."""
         self.math.bind(trainer)
-        adopt_carried(self, trainer)
+        self.adopt_carried(trainer)
 
     def state(self) -> dict[str, Any]:
         """What to carry into a checkpoint or the next fit: the settings tuning converged to."""
@@ -253,6 +254,37 @@ class Tuner:
             return tuple(self.spans)
         end = tuning[1] if len(tuning) > 1 else self.monitor.elapsed_s()
         return (("tuning", tuning[0], end), *self.spans)
+
+    def adopt_carried(self, trainer: pl.Trainer) -> None:
+        """Apply the carried settings when they match (rank zero decides under DDP)."""
+        loader = self.loader
+        if loader is None or self.loop.finished:
+            return
+        decision = None
+        if trainer.is_global_zero:
+            machine = machine_key(self.resources, self.world_size)
+            key = loader_key(self.source_loader)
+            decision = carried_settings(self.carried, machine, key, self.config.max_workers)
+        if trainer.world_size > 1:  # ranks may see different CPUs: one decision for all
+            decision = trainer.strategy.broadcast(decision, src=0)
+        settings, why = decision if decision is not None else (None, "")
+        if settings is None:
+            if why:
+                self.note(why)
+            return
+        # Math knobs come back only where this fit allows them and could try them (its Trainer's
+        # precision or strategy may differ from the fit that kept them).
+        math = self.math
+        settings = {
+            k: v
+            for k, v in settings.items()
+            if k in LOADER_KNOBS or (k in math.allowed and isinstance(math.offer(k), Offer))
+        }
+        now = self.knobs.current(settings)
+        changed = {k: v for k, v in settings.items() if now.get(k) != v}
+        if changed:
+            self.knobs.request(**changed)
+        self.stop(why, converged=True)
 
     def note(self, text: str) -> None:
         """A caveat for the report (said once)."""

@@ -143,11 +143,6 @@ class AutoMaxTP(LauncherOverride):
         self.plan: StrategyPlan | None = None
         """The plan made at the first ``fit``/``validate``/... (``None`` before)."""
 
-    @property
-    def fsdp_kwargs(self) -> dict[str, Any]:
-        """The extra ``FSDPStrategy`` arguments, used when FSDP is chosen."""
-        return dict(self._fsdp_kwargs)
-
     @override
     def make_launcher(self) -> Launcher:
         return _PlanningLauncher(self)
@@ -162,7 +157,7 @@ class AutoMaxTP(LauncherOverride):
         training = trainer.state.fn == TrainerFn.FITTING
         plan, fingerprint = self._plan(model, training)
         warn_if_lightning_unchecked()
-        chosen = build_strategy(plan, self)
+        chosen = build_strategy(plan, self, self._fsdp_kwargs)
         install_strategy(trainer, chosen)
         self.plan = plan
         rank_zero_info(str(plan))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import (
@@ -24,14 +24,20 @@ from lightning_maxtp.strategy.devices import Devices
 from lightning_maxtp.strategy.model_size import FSDP_MIN_UNIT_PARAMS
 from lightning_maxtp.strategy.plan import StrategyPlan
 
-if TYPE_CHECKING:
-    from lightning_maxtp.strategy.auto_maxtp import AutoMaxTP
-
 __all__ = ["build_strategy", "devices_flag", "fsdp_precision"]
 
 
-def build_strategy(plan: StrategyPlan, template: AutoMaxTP) -> Strategy:
-    """The Lightning strategy for ``plan``, set up as Lightning set up ``template``."""
+def build_strategy(
+    plan: StrategyPlan, template: DDPStrategy, fsdp_kwargs: dict[str, Any] | None = None
+) -> Strategy:
+    """The Lightning strategy for ``plan``, set up as Lightning set up ``template``.
+
+    Args:
+        plan: What to build.
+        template: The strategy Lightning configured (``AutoMaxTP``): its accelerator, precision,
+            cluster environment, checkpoint IO, DDP arguments and layer sync are kept.
+        fsdp_kwargs: Extra ``FSDPStrategy`` arguments, used when the plan is FSDP.
+    """
     if plan.accelerator == "cuda":
         devices = [torch.device("cuda", i) for i in plan.devices]
     else:
@@ -64,7 +70,7 @@ def build_strategy(plan: StrategyPlan, template: AutoMaxTP) -> Strategy:
             "auto_wrap_policy": partial(
                 size_based_auto_wrap_policy, min_num_params=FSDP_MIN_UNIT_PARAMS
             ),
-            **template.fsdp_kwargs,
+            **(fsdp_kwargs or {}),
             "cpu_offload": plan.cpu_offload,
         }
         strategy = FSDPStrategy(precision_plugin=fsdp_precision(precision), **parallel, **kwargs)

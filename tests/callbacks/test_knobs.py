@@ -8,8 +8,8 @@ import torch
 from threadpoolctl import threadpool_info
 
 from lightning_maxtp.callbacks.knobs import THREADS, Knobs
-from lightning_maxtp.callbacks.trials import next_change
 from lightning_maxtp.observe import BottleneckKind, Diagnosis, Recommendation
+from lightning_maxtp.tuning.trials import next_change
 
 
 class FakeLoader:

@@ -315,8 +315,8 @@ def test_loader_plan_is_measured_against_the_consumption_rate_and_tried_first() 
 
 
 def test_next_change_takes_the_top_diagnosis_first_untried_auto_knob() -> None:
-    from lightning_maxtp.callbacks.trials import next_change
     from lightning_maxtp.observe import BottleneckKind, Diagnosis, Recommendation
+    from lightning_maxtp.tuning.trials import next_change
 
     recs = (
         Recommendation("num_workers", 1, 3, "more reads in flight", True),

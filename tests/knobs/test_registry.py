@@ -9,11 +9,11 @@ from typing import get_args
 
 import pytest
 
-from lightning_maxtp.callbacks.allow import Allow, math_knobs_for, resolve_allow
 from lightning_maxtp.callbacks.knobs import THREADS
 from lightning_maxtp.knobs import registry
 from lightning_maxtp.knobs.base import BaseKnob
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.tuning.allow import Allow, math_knobs_for, resolve_allow
 
 ROOT = Path(__file__).resolve().parents[2]
 

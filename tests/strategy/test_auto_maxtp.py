@@ -84,7 +84,7 @@ def test_build_strategy_keeps_what_lightning_set_up() -> None:
     fsdp_plan = dataclasses.replace(
         base, strategy="fsdp", accelerator="cuda", devices=(0, 2), cpu_offload=True
     )
-    fsdp = build_strategy(fsdp_plan, template)
+    fsdp = build_strategy(fsdp_plan, template, template._fsdp_kwargs)
     assert type(fsdp) is FSDPStrategy
     assert isinstance(fsdp.precision_plugin, FSDPPrecision)
     assert fsdp.precision_plugin.precision == "bf16-mixed"

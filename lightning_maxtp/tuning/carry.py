@@ -5,24 +5,16 @@ should not pay for tuning again when nothing it was tuned for changed. The state
 settings in force (the loader's, and the math knobs kept) and what they were tuned on: the
 machine (usable CPUs, GPU names, world size) and the loader (dataset type and length, batch
 size). A later fit applies them at once when both match (math knobs only where its ``allow``
-permits them), and re-tunes, saying which differs, when one does not.
+permits them), and re-tunes, saying which differs, when one does not. Pure: the Tuner applies
+what ``carried_settings`` returns.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from lightning_maxtp.knobs.base import Offer
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
-
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-    from lightning_maxtp.callbacks.tuner import Tuner
+from typing import Any
 
 __all__ = [
     "STATE_VERSION",
-    "adopt_carried",
     "carried_settings",
     "loader_key",
     "machine_key",
@@ -85,35 +77,3 @@ def carried_settings(
         return None, f"tuned settings not reused: num_workers={workers} > max_workers={max_workers}"
     shown = ", ".join(f"{k}={v}" for k, v in carried["settings"].items())
     return dict(carried["settings"]), f"settings tuned earlier on this machine and loader: {shown}"
-
-
-def adopt_carried(tuner: Tuner, trainer: pl.Trainer) -> None:
-    """Apply the tuner's carried settings when they match (rank zero decides under DDP)."""
-    loader = tuner.loader
-    if loader is None or tuner.loop.finished:
-        return
-    decision = None
-    if trainer.is_global_zero:
-        machine = machine_key(tuner.resources, tuner.world_size)
-        decision = carried_settings(tuner.carried, machine, loader_key(tuner.source_loader),
-                                    tuner.config.max_workers)  # fmt: skip
-    if trainer.world_size > 1:  # ranks may see different CPUs: one decision for all
-        decision = trainer.strategy.broadcast(decision, src=0)
-    settings, why = decision if decision is not None else (None, "")
-    if settings is None:
-        if why:
-            tuner.note(why)
-        return
-    # Math knobs come back only where this fit allows them and could try them (its Trainer's
-    # precision or strategy may differ from the fit that kept them).
-    math = tuner.math
-    settings = {
-        k: v
-        for k, v in settings.items()
-        if k in LOADER_KNOBS or (k in math.allowed and isinstance(math.offer(k), Offer))
-    }
-    now = tuner.knobs.current(settings)
-    changed = {k: v for k, v in settings.items() if now.get(k) != v}
-    if changed:
-        tuner.knobs.request(**changed)
-    tuner.stop(why, converged=True)

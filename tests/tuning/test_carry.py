@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lightning_maxtp.callbacks.carry import carried_settings, state
-from lightning_maxtp.callbacks.config import TuningConfig
-from lightning_maxtp.callbacks.tuning_loop import TuningLoop
 from lightning_maxtp.observe.status import read_status, status_path, write_status
+from lightning_maxtp.tuning.carry import carried_settings, state
+from lightning_maxtp.tuning.config import TuningConfig
+from lightning_maxtp.tuning.tuning_loop import TuningLoop
 
 MACHINE = {"cpus": 2, "gpus": [], "world_size": 1}
 LOADER = {"dataset": "SleepDataset", "length": 480, "batch_size": 8}

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from lightning_maxtp.callbacks.allow import math_knobs_for, resolve_allow
-from lightning_maxtp.callbacks.guard import loss_band
 from lightning_maxtp.knobs.registry import MATH_KNOBS
+from lightning_maxtp.tuning.allow import math_knobs_for, resolve_allow
+from lightning_maxtp.tuning.guard_band import loss_band
 
 
 def test_presets_and_names_resolve_in_one_order() -> None:

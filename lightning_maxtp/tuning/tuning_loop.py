@@ -19,22 +19,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.config import TuningConfig
-from lightning_maxtp.callbacks.cost import TuningCost
-from lightning_maxtp.callbacks.judge import judge, judged
-from lightning_maxtp.callbacks.trials import (
+from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.observe.window import Window
+from lightning_maxtp.tuning.config import TuningConfig
+from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.judge import judge, judged
+
+if TYPE_CHECKING:
+    from lightning_maxtp.observe.report import ThroughputReport
+
+from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
     Verdict,
     fmt_settings,
     next_change,
 )
-from lightning_maxtp.observe.diagnosis import Diagnosis
-from lightning_maxtp.observe.window import Window
 
-__all__ = ["DATA_KINDS", "Change", "TuningLoop", "window_rate"]
+__all__ = ["DATA_KINDS", "Change", "TuningLoop", "in_force", "window_rate"]
 
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
@@ -342,3 +346,37 @@ class TuningLoop:
             tuning_s=tuning_s, tuning_steps=steps or 0, stop_reason=self.stop_reason,
             settings=settings, notes=notes, finished=self.finished, cost=cost,
         )  # fmt: skip
+
+
+def in_force(
+    loop: TuningLoop,
+    final: list[tuple[Window, tuple[Diagnosis, ...]]],
+    report: ThroughputReport | None = None,
+) -> tuple[list[Window], tuple[Diagnosis, ...]]:
+    """The windows measured under the settings in force, and the diagnoses describing them.
+
+    Args:
+        loop: The fit's loop (its reference window and whether tuning ended).
+        final: Windows closed under the settings in force after tuning ended, with their
+            diagnoses (the reference window they were judged by is added).
+        report: The monitor's report: its last diagnoses are the latest (re-read with a
+            profiler capture, if one ran), and its windows are all there is when nothing
+            was tuned.
+
+    Returns:
+        When tuning did not end, the reference window (never a reverted or unfinished
+        trial's); with no reference at all, every window of ``report``.
+    """
+    if final:
+        windows, found = [w for w, _ in final], final[-1][1]
+        last = report.windows[-1] if report is not None and report.windows else None
+        if report is not None and last is not None and last.first_step == windows[-1].first_step:
+            found = report.diagnoses
+        if loop.ref is not None and loop.finished:
+            windows.insert(0, loop.ref)
+        return windows, found
+    if loop.ref is not None:
+        return [loop.ref], loop.ref_found
+    if report is None:
+        return [], ()
+    return list(report.windows), report.diagnoses

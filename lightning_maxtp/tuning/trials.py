@@ -9,23 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_maxtp.callbacks.cost import TuningCost
-from lightning_maxtp.callbacks.guard import GuardCheck
-from lightning_maxtp.callbacks.knobs import THREADS
+from lightning_maxtp.knobs.threads import THREADS
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.guard_band import GuardCheck
 
 if TYPE_CHECKING:
-    from lightning_maxtp.callbacks.tuning_loop import TuningLoop
-    from lightning_maxtp.observe.report import ThroughputReport
-    from lightning_maxtp.observe.window import Window
+    pass
 
 __all__ = [
     "KnobTrial",
     "TuningSummary",
     "Verdict",
     "fmt_settings",
-    "in_force",
     "next_change",
     "remaining",
     "top_line",
@@ -254,37 +251,3 @@ def fmt_settings(settings: Any) -> str:
 def top_line(found: tuple[Diagnosis, ...] | list[Diagnosis]) -> str:
     """The top diagnosis in one line."""
     return f"bottleneck {found[0].kind.value}: {found[0].summary}" if found else "no diagnosis"
-
-
-def in_force(
-    loop: TuningLoop,
-    final: list[tuple[Window, tuple[Diagnosis, ...]]],
-    report: ThroughputReport | None = None,
-) -> tuple[list[Window], tuple[Diagnosis, ...]]:
-    """The windows measured under the settings in force, and the diagnoses describing them.
-
-    Args:
-        loop: The fit's loop (its reference window and whether tuning ended).
-        final: Windows closed under the settings in force after tuning ended, with their
-            diagnoses (the reference window they were judged by is added).
-        report: The monitor's report: its last diagnoses are the latest (re-read with a
-            profiler capture, if one ran), and its windows are all there is when nothing
-            was tuned.
-
-    Returns:
-        When tuning did not end, the reference window (never a reverted or unfinished
-        trial's); with no reference at all, every window of ``report``.
-    """
-    if final:
-        windows, found = [w for w, _ in final], final[-1][1]
-        last = report.windows[-1] if report is not None and report.windows else None
-        if report is not None and last is not None and last.first_step == windows[-1].first_step:
-            found = report.diagnoses
-        if loop.ref is not None and loop.finished:
-            windows.insert(0, loop.ref)
-        return windows, found
-    if loop.ref is not None:
-        return [loop.ref], loop.ref_found
-    if report is None:
-        return [], ()
-    return list(report.windows), report.diagnoses

@@ -6,10 +6,6 @@ from typing import Any
 
 import pytest
 
-from lightning_maxtp.callbacks.config import TuningConfig
-from lightning_maxtp.callbacks.judge import judge
-from lightning_maxtp.callbacks.trials import KnobTrial, remaining
-from lightning_maxtp.callbacks.tuning_loop import TuningLoop
 from lightning_maxtp.observe import (
     BottleneckKind,
     Diagnosis,
@@ -18,6 +14,10 @@ from lightning_maxtp.observe import (
     SamplerSeries,
     Window,
 )
+from lightning_maxtp.tuning.config import TuningConfig
+from lightning_maxtp.tuning.judge import judge
+from lightning_maxtp.tuning.trials import KnobTrial, remaining
+from lightning_maxtp.tuning.tuning_loop import TuningLoop
 
 SETTINGS = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
             "persistent_workers": False}  # fmt: skip

@@ -11,8 +11,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_maxtp.callbacks.allow import Allow, resolve_allow
 from lightning_maxtp.observe.thresholds import MIN_GAIN
+from lightning_maxtp.tuning.allow import Allow, resolve_allow
 
 __all__ = ["DEFAULTS", "TuningConfig", "tuning_config"]
 

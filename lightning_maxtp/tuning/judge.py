@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.callbacks.cost import lost_s
+from lightning_maxtp.tuning.cost import lost_s
 
 if TYPE_CHECKING:
     from lightning_maxtp.observe.window import Window
