@@ -126,10 +126,14 @@ def find_batch_size(
         RuntimeError: If even the smallest batch does not fit.
     """
     _check_arguments(
-        init_batch_size=init_batch_size, max_batch_size=max_batch_size, margin=margin,
-        tolerance=tolerance, steps_per_trial=steps_per_trial, time_budget_s=time_budget_s,
+        init_batch_size=init_batch_size,
+        max_batch_size=max_batch_size,
+        margin=margin,
+        tolerance=tolerance,
+        steps_per_trial=steps_per_trial,
+        time_budget_s=time_budget_s,
         target_global_batch_size=target_global_batch_size,
-    )  # fmt: skip
+    )
     start = time.perf_counter()
     import torch
 
@@ -148,11 +152,15 @@ def find_batch_size(
     state = TrainingState.capture(subject.modules, subject.optimizers, subject.scalers)
     notes: list[str] = []
     decide = functools.partial(
-        decide_global_batch, mode=global_batch, previous_accumulation=subject.previous_accumulation,
-        devices=subject.world_size, target_global_batch_size=target_global_batch_size,
+        decide_global_batch,
+        mode=global_batch,
+        previous_accumulation=subject.previous_accumulation,
+        devices=subject.world_size,
+        target_global_batch_size=target_global_batch_size,
         optimizer_names=[[c.__name__ for c in type(o).__mro__] for o in subject.optimizers],
-        lr_scaling=lr_scaling, lr_warmup_steps=lr_warmup_steps,
-    )  # fmt: skip
+        lr_scaling=lr_scaling,
+        lr_warmup_steps=lr_warmup_steps,
+    )
     try:
         with contextlib.ExitStack() as stack:
             for context in subject.contexts:
@@ -170,15 +178,24 @@ def find_batch_size(
             # Fail on impossible global-batch requests now, not after the search.
             decide(previous_batch_size=max(1, subject.previous_batch_size), fastest=1, safe_max=1)
             runner = TrialRunner(
-                step=subject.step, example=subject.example, state=state, device=subject.device,
-                steps_per_trial=steps_per_trial, distributed=subject.distributed,
+                step=subject.step,
+                example=subject.example,
+                state=state,
+                device=subject.device,
+                steps_per_trial=steps_per_trial,
+                distributed=subject.distributed,
                 modules=subject.modules,
-            )  # fmt: skip
+            )
             limit = memory_limit(subject)
             outcome = search_batch_size(
-                runner, init=min(init_batch_size, cap), cap=cap, margin=margin,
-                tolerance=tolerance, time_budget_s=time_budget_s, memory_limit_bytes=limit,
-            )  # fmt: skip
+                runner,
+                init=min(init_batch_size, cap),
+                cap=cap,
+                margin=margin,
+                tolerance=tolerance,
+                time_budget_s=time_budget_s,
+                memory_limit_bytes=limit,
+            )
     finally:
         state.restore()
         for restore in subject.restore_extra:
@@ -193,24 +210,38 @@ def find_batch_size(
     if outcome.budget_exhausted:
         notes.append(f"the time budget of {time_budget_s:g} s ended the search early")
     decision = decide(
-        previous_batch_size=subject.previous_batch_size, fastest=outcome.fastest,
+        previous_batch_size=subject.previous_batch_size,
+        fastest=outcome.fastest,
         safe_max=outcome.safe_max,
-    )  # fmt: skip
+    )
     fields: dict[str, Any] = dict(
-        batch_size=decision.batch_size, accumulate_grad_batches=decision.accumulate_grad_batches,
+        batch_size=decision.batch_size,
+        accumulate_grad_batches=decision.accumulate_grad_batches,
         global_batch_size=decision.global_batch_size,
         previous_batch_size=subject.previous_batch_size,
         previous_accumulate_grad_batches=subject.previous_accumulation,
         previous_global_batch_size=decision.previous_global_batch_size,
-        fastest_batch_size=outcome.fastest, best_batch_size=outcome.best,
-        ceiling=outcome.ceiling, first_oom=outcome.first_oom, safe_max_batch_size=outcome.safe_max,
-        bound=outcome.bound, trials=outcome.trials, global_batch=global_batch,
-        lr_scales=decision.lr_scales, lr_rules=decision.lr_rules,
-        lr_warmup_steps=decision.lr_warmup_steps, world_size=subject.world_size,
-        device=str(subject.device), precision=subject.precision, margin=margin,
-        tolerance=tolerance, max_batch_size=cap, memory_limit_bytes=limit,
-        seconds=time.perf_counter() - start, notes=(*notes, *decision.notes),
-    )  # fmt: skip
+        fastest_batch_size=outcome.fastest,
+        best_batch_size=outcome.best,
+        ceiling=outcome.ceiling,
+        first_oom=outcome.first_oom,
+        safe_max_batch_size=outcome.safe_max,
+        bound=outcome.bound,
+        trials=outcome.trials,
+        global_batch=global_batch,
+        lr_scales=decision.lr_scales,
+        lr_rules=decision.lr_rules,
+        lr_warmup_steps=decision.lr_warmup_steps,
+        world_size=subject.world_size,
+        device=str(subject.device),
+        precision=subject.precision,
+        margin=margin,
+        tolerance=tolerance,
+        max_batch_size=cap,
+        memory_limit_bytes=limit,
+        seconds=time.perf_counter() - start,
+        notes=(*notes, *decision.notes),
+    )
     plan = BatchSizePlan(**fields, changes=plan_changes(fields))
     _announce(plan, trainer)
     return plan

@@ -159,9 +159,15 @@ def decide_global_batch(
             )
         accumulation = per_device // micro
         return GlobalBatchDecision(
-            micro, accumulation, target, previous_global, (1.0,) * n_opt, _NONE * n_opt, 0,
+            micro,
+            accumulation,
+            target,
+            previous_global,
+            (1.0,) * n_opt,
+            _NONE * n_opt,
+            0,
             tuple(notes),
-        )  # fmt: skip
+        )
     accumulation = max(1, math.ceil(per_device / fastest))
     new_global = fastest * devices * accumulation
     # The learning rate was tuned for the previous global batch, so it follows from there.

@@ -23,9 +23,20 @@ from lightning_maxtp.bench.target import BenchJob, BenchTargetError, load_job, p
 # The bench decides how long the fit runs and keeps it free of side work; these job settings
 # are replaced (and listed in the record) rather than rejected, so a job function can return
 # the Trainer arguments of the real run unchanged.
-_REPLACED = ("max_steps", "max_epochs", "min_steps", "min_epochs", "max_time",
-             "limit_val_batches", "val_check_interval", "num_sanity_val_steps", "logger",
-             "enable_checkpointing", "enable_progress_bar", "enable_model_summary")  # fmt: skip
+_REPLACED = (
+    "max_steps",
+    "max_epochs",
+    "min_steps",
+    "min_epochs",
+    "max_time",
+    "limit_val_batches",
+    "val_check_interval",
+    "num_sanity_val_steps",
+    "logger",
+    "enable_checkpointing",
+    "enable_progress_bar",
+    "enable_model_summary",
+)
 
 
 def _timer(warmup: int, steps: int) -> Any:
@@ -50,9 +61,13 @@ def _timer(warmup: int, steps: int) -> Any:
             return time.perf_counter()
 
         def on_train_batch_end(
-            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any,
+            self,
+            trainer: pl.Trainer,
+            module: pl.LightningModule,
+            outputs: Any,
+            batch: Any,
             batch_idx: int,
-        ) -> None:  # fmt: skip
+        ) -> None:
             self.batches += 1
             try:
                 samples = count_samples(batch)
@@ -80,8 +95,14 @@ def _kept_callbacks(callbacks: list[Any]) -> tuple[list[Any], list[str]]:
     """
     from lightning.pytorch import callbacks as cb
 
-    drop = (cb.ModelCheckpoint, cb.LearningRateMonitor, cb.EarlyStopping, cb.ProgressBar,
-            cb.ModelSummary, cb.DeviceStatsMonitor)  # fmt: skip
+    drop = (
+        cb.ModelCheckpoint,
+        cb.LearningRateMonitor,
+        cb.EarlyStopping,
+        cb.ProgressBar,
+        cb.ModelSummary,
+        cb.DeviceStatsMonitor,
+    )
     kept = [c for c in callbacks if not isinstance(c, drop)]
     return kept, [type(c).__name__ for c in callbacks if isinstance(c, drop)]
 
@@ -107,8 +128,9 @@ def _tuning(callbacks: list[Any]) -> dict[str, Any] | None:
     return None
 
 
-def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator: str | None,
-             root_dir: str) -> dict[str, Any]:  # fmt: skip
+def fit_once(
+    job: BenchJob, config: str, *, steps: int, warmup: int, accelerator: str | None, root_dir: str
+) -> dict[str, Any]:
     """Time the reference workload, ``warmup + steps`` training batches of ``job``, the reference.
 
     Args:
@@ -147,12 +169,21 @@ def fit_once(job: BenchJob, config: str, *, steps: int, warmup: int, accelerator
     # max_steps counts optimizer steps; the timer counts batches.
     accumulate = int(kwargs.get("accumulate_grad_batches", 1) or 1)
     kwargs.update(
-        max_steps=-(-(warmup + steps) // accumulate), max_epochs=None, min_steps=None,
-        min_epochs=None, max_time=None, limit_val_batches=0, val_check_interval=None,
-        num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root_dir,
+        max_steps=-(-(warmup + steps) // accumulate),
+        max_epochs=None,
+        min_steps=None,
+        min_epochs=None,
+        max_time=None,
+        limit_val_batches=0,
+        val_check_interval=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root_dir,
         callbacks=callbacks,
-    )  # fmt: skip
+    )
     trainer = pl.Trainer(**kwargs)
     if trainer.world_size > 1:
         # Each rank would re-run this process and write the record: one device is what it times.
@@ -245,8 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         pl.seed_everything(0, verbose=False)
         job = load_job(parse_target(args.target), args.config)
         with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as root:
-            record = fit_once(job, args.config, steps=args.steps, warmup=args.warmup,
-                              accelerator=args.accelerator, root_dir=root)  # fmt: skip
+            record = fit_once(
+                job,
+                args.config,
+                steps=args.steps,
+                warmup=args.warmup,
+                accelerator=args.accelerator,
+                root_dir=root,
+            )
         record["versions"] = _versions()
         if args.probe:  # here, not in the parent: a probe without NVML may fall back to torch
             from lightning_maxtp.resources import inspect_resources

@@ -58,13 +58,16 @@ def _check_outputs(*paths: Path | None) -> None:
             raise ValueError(f"{flag} {path} is a folder; give a file name, e.g. {path}/bench.json")
 
 
-def _write(result: BenchResult, gate: GateResult | None, json_out: Path | None,
-           markdown_out: Path | None) -> None:  # fmt: skip
+def _write(
+    result: BenchResult, gate: GateResult | None, json_out: Path | None, markdown_out: Path | None
+) -> None:
     record: dict[str, Any] = result.to_dict()
     if gate is not None:
         record["gate"] = gate.to_dict()
-    for path, text in ((json_out, json.dumps(record, indent=1) + "\n"),
-                       (markdown_out, format_markdown(result, gate))):  # fmt: skip
+    for path, text in (
+        (json_out, json.dumps(record, indent=1) + "\n"),
+        (markdown_out, format_markdown(result, gate)),
+    ):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -14,8 +14,15 @@ from lightning_maxtp.bench.result import BenchResult
 
 __all__ = ["format_markdown", "format_text"]
 
-_HEAD = ("config", "steady samples/s", "spread", "fit wall-clock", "per reference",
-         "vs first", "vs baseline (steady, fit)")  # fmt: skip
+_HEAD = (
+    "config",
+    "steady samples/s",
+    "spread",
+    "fit wall-clock",
+    "per reference",
+    "vs first",
+    "vs baseline (steady, fit)",
+)
 
 
 def _machine(result: BenchResult) -> str:
@@ -54,11 +61,17 @@ def _rows(result: BenchResult, gate: GateResult | None) -> list[tuple[str, ...]]
     for config in result.configs:
         s = result.summary(config)
         vs_first = s["steady"].median / first["steady"].median if first["steady"].median else 0
-        rows.append((
-            config, f"{s['steady'].median:,.1f}", f"{s['steady'].spread:.1%}",
-            f"{s['fit_seconds'].median:.1f} s", f"{s[key].median:.4f}", f"{vs_first:.2f}x",
-            _changes(config, gate),
-        ))  # fmt: skip
+        rows.append(
+            (
+                config,
+                f"{s['steady'].median:,.1f}",
+                f"{s['steady'].spread:.1%}",
+                f"{s['fit_seconds'].median:.1f} s",
+                f"{s[key].median:.4f}",
+                f"{vs_first:.2f}x",
+                _changes(config, gate),
+            )
+        )
     return rows
 
 
@@ -123,9 +136,12 @@ def format_markdown(result: BenchResult, gate: GateResult | None = None) -> str:
         lines += ["", "<details><summary>what MaxThroughputCallback kept</summary>", ""]
         lines += [f"- {t}" for t in tuning] + ["", "</details>"]
     if gate is not None:
-        lines += ["", f"Gate `{gate.gate}` against `{gate.baseline}`: a metric fails when its "
-                  f"median falls more than {gate.max_regression:.0%} and beyond the rounds' "
-                  "spread."]  # fmt: skip
+        lines += [
+            "",
+            f"Gate `{gate.gate}` against `{gate.baseline}`: a metric fails when its "
+            f"median falls more than {gate.max_regression:.0%} and beyond the rounds' "
+            "spread.",
+        ]
         lines += [f"- **REGRESSION** {c}" for c in gate.regressions]
         lines += [f"- note: {n}" for n in gate.notes]
     return "\n".join(lines) + "\n"

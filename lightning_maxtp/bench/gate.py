@@ -45,10 +45,15 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         return {
-            "config": self.config, "metric": self.metric, "key": self.key,
-            "before": self.before.to_dict(), "after": self.after.to_dict(),
-            "change": self.change, "limit": self.limit, "regressed": self.regressed,
-        }  # fmt: skip
+            "config": self.config,
+            "metric": self.metric,
+            "key": self.key,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "change": self.change,
+            "limit": self.limit,
+            "regressed": self.regressed,
+        }
 
     def __str__(self) -> str:
         unit = " per reference sample/s" if self.key.endswith("_per_reference") else ""
@@ -89,10 +94,14 @@ class GateResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         return {
-            "gate": self.gate, "max_regression": self.max_regression, "baseline": self.baseline,
-            "passed": self.passed, "checks": [c.to_dict() for c in self.checks],
-            "regressions": [str(c) for c in self.regressions], "notes": list(self.notes),
-        }  # fmt: skip
+            "gate": self.gate,
+            "max_regression": self.max_regression,
+            "baseline": self.baseline,
+            "passed": self.passed,
+            "checks": [c.to_dict() for c in self.checks],
+            "regressions": [str(c) for c in self.regressions],
+            "notes": list(self.notes),
+        }
 
     def __str__(self) -> str:
         lines = [f"REGRESSION {c}" for c in self.regressions]

@@ -45,11 +45,16 @@ def reference_rate(device: Any, *, chunks: int = 5, chunk_s: float = 0.2) -> flo
     batch, side, width = _shape(device.type)
     generator = torch.Generator().manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(width, 2 * width, 3, padding=1, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-        nn.Linear(32 * width, 256), nn.ReLU(), nn.Linear(256, 10),
-    ).to(device)  # fmt: skip
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, padding=1, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(32 * width, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
+    ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(batch, 3, side, side, generator=generator).to(device)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)

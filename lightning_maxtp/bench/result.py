@@ -120,12 +120,16 @@ class BenchResult:
             )
         try:
             result = cls(
-                target=str(data["target"]), configs=tuple(data["configs"]),
-                params=dict(data["params"]), runs=tuple(dict(r) for r in data["runs"]),
-                machine=dict(data.get("machine") or {}), versions=dict(data.get("versions") or {}),
-                git=dict(data.get("git") or {}), timestamp=str(data.get("timestamp", "")),
+                target=str(data["target"]),
+                configs=tuple(data["configs"]),
+                params=dict(data["params"]),
+                runs=tuple(dict(r) for r in data["runs"]),
+                machine=dict(data.get("machine") or {}),
+                versions=dict(data.get("versions") or {}),
+                git=dict(data.get("git") or {}),
+                timestamp=str(data.get("timestamp", "")),
                 load_avg=dict(data.get("load_avg") or {}),
-            )  # fmt: skip
+            )
             empty = [c for c in result.configs if not any(r["config"] == c for r in result.runs)]
             zero = any(float(r["reference_samples_per_s"]) <= 0 for r in result.runs)
             for config in result.configs:

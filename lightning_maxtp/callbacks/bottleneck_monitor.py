@@ -80,9 +80,12 @@ class BottleneckMonitor(Callback):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"`capture` must be one of {CAPTURE_MODES}, got {capture!r}")
         self.clock = StepClock(
-            window_steps, samples_fn=samples_fn, sampler_interval_s=sampler_interval_s,
-            sources=sources, on_window=on_window or self._record,
-        )  # fmt: skip
+            window_steps,
+            samples_fn=samples_fn,
+            sampler_interval_s=sampler_interval_s,
+            sources=sources,
+            on_window=on_window or self._record,
+        )
         self.capture_mode = capture
         self.capture_steps = capture_steps
         self.report_dir = None if report_dir is None else Path(report_dir)
@@ -169,14 +172,19 @@ class BottleneckMonitor(Callback):
         ctx = window.context
         settings = {k: getattr(ctx, k, None) for k in LOADER_KNOBS} if ctx is not None else {}
         top = found[0] if found else None
-        write_status({
-            "first_step": window.first_step, "steps": window.steps,
-            "step_time_s": window.median_step_s, "data_wait_share": window.data_wait_share,
-            "samples_per_s": window.samples_per_s, "settings": settings,
-            "bottleneck": top.kind.value if top else None,
-            "confidence": top.confidence if top else None,
-            "summary": top.summary if top else None,
-        })  # fmt: skip
+        write_status(
+            {
+                "first_step": window.first_step,
+                "steps": window.steps,
+                "step_time_s": window.median_step_s,
+                "data_wait_share": window.data_wait_share,
+                "samples_per_s": window.samples_per_s,
+                "settings": settings,
+                "bottleneck": top.kind.value if top else None,
+                "confidence": top.confidence if top else None,
+                "summary": top.summary if top else None,
+            }
+        )
 
     def _record(self, trainer: pl.Trainer, window: Window) -> None:
         self.record(trainer, window)
@@ -283,8 +291,10 @@ class BottleneckMonitor(Callback):
         """The report of what was measured so far (every window, the last diagnoses)."""
         sampler = self.sampler
         timeline = _sampler.build_series(list(sampler.readings)) if sampler else None
-        notes = [f"sampler source {name!r} failed and was disabled" for name in
-                 (sampler.failed if sampler else [])]  # fmt: skip
+        notes = [
+            f"sampler source {name!r} failed and was disabled"
+            for name in (sampler.failed if sampler else [])
+        ]
         return ThroughputReport(
             windows=tuple(self.windows),
             diagnoses=self.diagnoses[-1] if self.diagnoses else (),

@@ -61,8 +61,12 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     saved = []
     for p in _params(optimizer):
         state = optimizer.state.get(p) or {}
-        saved.append({k: (v.detach().to("cpu", copy=True), v.device) if torch.is_tensor(v)
-                      else v for k, v in state.items()})  # fmt: skip
+        saved.append(
+            {
+                k: (v.detach().to("cpu", copy=True), v.device) if torch.is_tensor(v) else v
+                for k, v in state.items()
+            }
+        )
     return saved
 
 

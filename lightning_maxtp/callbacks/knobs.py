@@ -64,8 +64,9 @@ class Knobs:
         """The current values of ``keys`` (loader, threads or math knobs)."""
         now = self.context()
         math = self.math
-        return {k: math.current(k) if math is not None and k in MATH_KNOBS else now[k]
-                for k in keys}  # fmt: skip
+        return {
+            k: math.current(k) if math is not None and k in MATH_KNOBS else now[k] for k in keys
+        }
 
     def request(self, **settings: Any) -> None:
         """Apply ``settings``: threads and math at once, the loader's at its next batch boundary."""

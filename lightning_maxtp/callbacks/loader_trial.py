@@ -114,11 +114,14 @@ def measure_loader(
 
     rate = window.device_samples_per_s
     return tune_dataloader(
-        loader, consumption_rate=rate if rate > 0 else None,
+        loader,
+        consumption_rate=rate if rate > 0 else None,
         time_budget_s=config.loader_time_budget_s if time_budget_s is None else time_budget_s,
-        max_workers=config.max_workers, local_world_size=local_ranks,
-        pin_memory=window.context.device_type == "cuda", resources=resources,
-    )  # fmt: skip
+        max_workers=config.max_workers,
+        local_world_size=local_ranks,
+        pin_memory=window.context.device_type == "cuda",
+        resources=resources,
+    )
 
 
 def plan_change(
@@ -170,9 +173,13 @@ def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
     started, at = time.perf_counter(), tuner.monitor.elapsed_s()
     try:
         tuner.loader_plan = measure_loader(
-            tuner.source_loader, tuner.loop.ref, tuner.config, tuner.resources,
-            time_budget_s=seconds, local_ranks=tuner.local_ranks,
-        )  # fmt: skip
+            tuner.source_loader,
+            tuner.loop.ref,
+            tuner.config,
+            tuner.resources,
+            time_budget_s=seconds,
+            local_ranks=tuner.local_ranks,
+        )
     except Exception as err:  # advisory: the diagnosis loop still runs without it
         tuner.note(f"tune_dataloader failed, skipped: {err!r}")
         tuner.loader_plan = False

@@ -52,8 +52,10 @@ def math_change(tuner: Tuner, kind: str) -> Change | None:
         if k not in allowed and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
     ]
     if missing and tuner.config.allow != "all":
-        tuner.note(f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
-                   "allow='all' tries each behind a numerics guard)")  # fmt: skip
+        tuner.note(
+            f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
+            "allow='all' tries each behind a numerics guard)"
+        )
     cost = tuner.summary.cost
     left = cost.left_s if cost is not None else math.inf
     for knob in math_knobs_for(kind, allowed):
@@ -133,9 +135,11 @@ def after_trial(tuner: Tuner, trial: KnobTrial) -> None:
     if trial.verdict == "guarded":
         restored = guard.restore(trainer)
         step = guard.snapshot_step
-        tuner.note(f"numerics guard: {trial.knob} {trial.old} -> {trial.new} reverted at step "
-                   f"{trainer.global_step}; {trial.guard}; the state of step {step} restored "
-                   f"({'done' if restored else 'no snapshot'})")  # fmt: skip
+        tuner.note(
+            f"numerics guard: {trial.knob} {trial.old} -> {trial.new} reverted at step "
+            f"{trainer.global_step}; {trial.guard}; the state of step {step} restored "
+            f"({'done' if restored else 'no snapshot'})"
+        )
     if not _watched(tuner):  # a kept change of a watched knob (precision) stays watched
         guard.drop()
 

@@ -140,9 +140,12 @@ class MaxThroughputCallback(Callback):
         }
         self.config = tuning_config(config, keywords)
         self._monitor = BottleneckMonitor(
-            self.config.window_steps, sampler_interval_s=sampler_interval_s, capture=capture,
-            verbose=False, on_window=self._on_window,
-        )  # fmt: skip
+            self.config.window_steps,
+            sampler_interval_s=sampler_interval_s,
+            capture=capture,
+            verbose=False,
+            on_window=self._on_window,
+        )
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.verbose = verbose
         self.batch_plan: Any = None
@@ -202,9 +205,15 @@ class MaxThroughputCallback(Callback):
 
         allowed = self.config.allowed(deterministic=torch.are_deterministic_algorithms_enabled())
         self._tuner = Tuner(
-            self.config, self._monitor, resources, verbose=self.verbose, carried=self._carried,
-            world_size=trainer.world_size, local_ranks=trainer.num_devices, allowed=allowed,
-        )  # fmt: skip
+            self.config,
+            self._monitor,
+            resources,
+            verbose=self.verbose,
+            carried=self._carried,
+            world_size=trainer.world_size,
+            local_ranks=trainer.num_devices,
+            allowed=allowed,
+        )
         self._monitor.window_steps = self.config.window_steps  # a later fit tunes again
         self.batch_plan = None
         previous = hook.dataloader_transform(trainer)

@@ -69,9 +69,11 @@ def window_metrics(
         "maxtp/step_time_ms": window.median_step_s * 1e3,
         "maxtp/data_wait_share": window.data_wait_share,
     }
-    for key, value in (("gpu_util", window.sampler.mean_gpu_util),
-                                   ("main_cpu", window.sampler.mean_main_cpu),
-                                   ("worker_cpu", window.sampler.mean_worker_cpu)):  # fmt: skip
+    for key, value in (
+        ("gpu_util", window.sampler.mean_gpu_util),
+        ("main_cpu", window.sampler.mean_main_cpu),
+        ("worker_cpu", window.sampler.mean_worker_cpu),
+    ):
         if value is not None:
             metrics[f"maxtp/{key}_percent"] = value
     if found:

@@ -174,8 +174,10 @@ class Tuner:
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
             self._budget(trainer, window)
-            self.say(f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
-                     f"data wait {window.data_wait_share:.0%}; {top_line(found)}")  # fmt: skip
+            self.say(
+                f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
+                f"data wait {window.data_wait_share:.0%}; {top_line(found)}"
+            )
         else:
             guarded = check is not None and not check.passed  # the same on every rank
             verdict = loop.judge(window) if trainer.is_global_zero and not guarded else None
@@ -226,9 +228,11 @@ class Tuner:
         if slow and not self._drifted:
             self._drifted = True
             last = self.monitor.diagnoses[-1] if self.monitor.diagnoses else ()
-            self.note(f"throughput drifted at step {window.first_step}: "
-                      f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
-                      f"{top_line(last)}")  # fmt: skip
+            self.note(
+                f"throughput drifted at step {window.first_step}: "
+                f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
+                f"{top_line(last)}"
+            )
 
     def extend(self, report: ThroughputReport) -> ThroughputReport:
         """The monitor's report, describing the settings in force, with what tuning did.
@@ -243,10 +247,14 @@ class Tuner:
         tuning = self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
         return dataclasses.replace(
-            report, diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
-            knob_changes=tuple(self.knob_changes), notes=(*notes, *self.notes),
-            final_windows=tuple(final), tuning=tuning.to_dict(), spans=self._spans(),
-        )  # fmt: skip
+            report,
+            diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
+            knob_changes=tuple(self.knob_changes),
+            notes=(*notes, *self.notes),
+            final_windows=tuple(final),
+            tuning=tuning.to_dict(),
+            spans=self._spans(),
+        )
 
     def _spans(self) -> tuple[tuple[str, float, float], ...]:
         tuning = self._tuning_span
@@ -311,8 +319,12 @@ class Tuner:
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan = self._plan_change if wants_plan else None
         device = self.monitor.context.device_type
-        return self.loop.decide(settings, device_type=device, loader_plan=plan,
-                                math=lambda kind: math_trial.math_change(self, kind))  # fmt: skip
+        return self.loop.decide(
+            settings,
+            device_type=device,
+            loader_plan=plan,
+            math=lambda kind: math_trial.math_change(self, kind),
+        )
 
     def _plan_change(self) -> Change | None:
         """``tune_dataloader`` against the reference window's consumption rate."""
@@ -326,8 +338,14 @@ class Tuner:
         self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.monitor.clock.update_context(**self.knobs.context())
-        self.loop.start(knob, old, new, why, trainer.global_step,
-                        settle_steps=math_trial.settle_steps(self, knob))  # fmt: skip
+        self.loop.start(
+            knob,
+            old,
+            new,
+            why,
+            trainer.global_step,
+            settle_steps=math_trial.settle_steps(self, knob),
+        )
         self.record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
 
@@ -368,11 +386,14 @@ class Tuner:
             self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps
         self.monitor.window_steps = steps
-        self.say(f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
-                 f"every {steps} steps")  # fmt: skip
+        self.say(
+            f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
+            f"every {steps} steps"
+        )
 
     def record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
         """A knob change for the report, at the monitor's time now."""
-        change = KnobChange(self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new),
-                            reason)  # fmt: skip
+        change = KnobChange(
+            self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new), reason
+        )
         self.knob_changes.append(change)

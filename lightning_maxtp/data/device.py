@@ -153,9 +153,12 @@ class DeviceTransform(Callback):
         if self.decode:
             owner = hook_owner(trainer, "on_before_batch_transfer")
             add_batch_step(
-                owner, "on_before_batch_transfer", _DECODE, self._decode(trainer, pl_module),
+                owner,
+                "on_before_batch_transfer",
+                _DECODE,
+                self._decode(trainer, pl_module),
                 STEP_ORDER,
-            )  # fmt: skip
+            )
             self._owners.append((owner, "on_before_batch_transfer", _DECODE))
         owner = hook_owner(trainer, "on_after_batch_transfer")
         add_batch_step(

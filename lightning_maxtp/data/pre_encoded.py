@@ -211,10 +211,15 @@ def pre_encode(
     children = _children()
     try:
         optimize(
-            fn=encode, inputs=list(range(size)), output_dir=str(out), chunk_bytes=chunk_bytes,
-            num_workers=num_workers, keep_data_ordered=True, reorder_files=False,
+            fn=encode,
+            inputs=list(range(size)),
+            output_dir=str(out),
+            chunk_bytes=chunk_bytes,
+            num_workers=num_workers,
+            keep_data_ordered=True,
+            reorder_files=False,
             start_method=start_method,
-        )  # fmt: skip
+        )
     except BaseException:
         _stop_new_children(children)  # LitData leaves its other workers running on an error
         raise

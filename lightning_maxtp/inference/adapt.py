@@ -86,9 +86,10 @@ class Adaptive:
         if verdict.mode in ("processes", "reverted"):
             self._shape = "processes" if verdict.mode == "processes" else "reverted"
         self.plan = dataclasses.replace(
-            self.plan, decisions=_kept(self.plan.decisions, verdict.why),
+            self.plan,
+            decisions=_kept(self.plan.decisions, verdict.why),
             mode={"reverted": "inline"}.get(self._shape or "", self._shape or self.plan.mode),
-        )  # fmt: skip
+        )
         log.info(prefixed("inference: %s"), verdict.why)
 
     def _search_options(self) -> dict[str, Any]:
@@ -111,14 +112,16 @@ class Adaptive:
 
     def _batch_chosen(self, choice: dict[str, Any]) -> None:
         if "error" in choice:
-            choice = {"batch_size": self.batch_size, "reason": (
-                f"the search failed ({choice['error']}); batch {self.batch_size} kept"
-            )}  # fmt: skip
+            choice = {
+                "batch_size": self.batch_size,
+                "reason": (f"the search failed ({choice['error']}); batch {self.batch_size} kept"),
+            }
         self.batch_size = int(choice["batch_size"])
         self.plan = dataclasses.replace(
-            self.plan, batch_size=self.batch_size,
+            self.plan,
+            batch_size=self.batch_size,
             decisions=_kept(self.plan.decisions, f"batch size: {choice['reason']}"),
-        )  # fmt: skip
+        )
         self.batch_choice = choice
         log.info(prefixed("inference: batch size %s"), choice["reason"])
 

@@ -28,9 +28,11 @@ def check_arguments(
     if max_in_flight is not None:
         _check_int("max_in_flight", max_in_flight, 1)
     for name, value, allowed in (
-        ("on_error", on_error, ON_ERROR), ("precision", str(precision), PRECISIONS),
-        ("mode", mode, MODES), ("backend", backend, BACKENDS),
-    ):  # fmt: skip
+        ("on_error", on_error, ON_ERROR),
+        ("precision", str(precision), PRECISIONS),
+        ("mode", mode, MODES),
+        ("backend", backend, BACKENDS),
+    ):
         if value not in allowed:
             raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}")
     if start_timeout_s <= 0:

@@ -260,9 +260,14 @@ def search_inference_batch(
         Exception: Anything the model raises other than an out-of-memory error.
     """
     _check(
-        values=values, init=init, cap=cap, margin=margin, tolerance=tolerance,
-        time_budget_s=time_budget_s, memory_limit_bytes=memory_limit_bytes,
-    )  # fmt: skip
+        values=values,
+        init=init,
+        cap=cap,
+        margin=margin,
+        tolerance=tolerance,
+        time_budget_s=time_budget_s,
+        memory_limit_bytes=memory_limit_bytes,
+    )
     device = runner.device
     limit = memory_limit_bytes if memory_limit_bytes is not None else default_memory_limit(device)
     free_memory(device, collect=False)  # frozen_heap collects
@@ -334,9 +339,11 @@ def _reason(
         failed = next(r for r in rows if r.batch_size == outcome.first_oom and not r.fits)
         # The search's own notes for a size over the limit (an OOM message may say "limit").
         over_limit = (failed.error or "").startswith(("peak ", "projected peak "))
-        what = f"went over the {format_bytes(limit)} memory limit" if over_limit else (
-            "ran out of memory"
-        )  # fmt: skip
+        what = (
+            f"went over the {format_bytes(limit)} memory limit"
+            if over_limit
+            else ("ran out of memory")
+        )
         tail = (
             f"{failed.batch_size} {what}; ceiling {outcome.largest_fit}, at most "
             f"{outcome.safe_max} with the {margin:.0%} margin"

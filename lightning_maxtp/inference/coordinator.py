@@ -160,20 +160,25 @@ class Run:
         end = self.finished or time.monotonic()
         first = self.first_result
         return InferenceStats(
-            items=self.pulled, outputs=self.outputs,
+            items=self.pulled,
+            outputs=self.outputs,
             errors=tuple(sorted(self.errors, key=lambda e: e.index)),
-            retries=self.retries, elapsed_s=end - self.started,
+            retries=self.retries,
+            elapsed_s=end - self.started,
             startup_s=(first or end) - self.started,
             steady_items=self.finished_items - self.first_count,
             steady_s=end - first if first is not None else 0.0,
             workers=tuple(
                 WorkerStats(
-                    s.worker_id, s.spec.device, self.items[i], self.batches[i],
+                    s.worker_id,
+                    s.spec.device,
+                    self.items[i],
+                    self.batches[i],
                     s.restarts - self.restarts0[i],
                 )
                 for i, s in enumerate(self.slots)
             ),
-        )  # fmt: skip
+        )
 
     def abandon(self) -> None:
         """Forget outstanding batches: results still in flight will be dropped as stale."""
@@ -231,9 +236,10 @@ class Run:
     def _dispatch(self) -> None:
         while self.todo:
             free = [
-                s for s in self.slots
+                s
+                for s in self.slots
                 if s.ready and s.conn is not None and len(s.assigned) < PREFETCH
-            ]  # fmt: skip
+            ]
             if not free:
                 return
             slot = min(free, key=lambda s: len(s.assigned))
@@ -331,11 +337,13 @@ class Run:
             return
         for index, item in batch.entries:
             error = ItemError(
-                index, "worker", "WorkerDied",
+                index,
+                "worker",
+                "WorkerDied",
                 f"{cause} on this item's batch {batch.attempts} time(s); "
                 f"max_retries={self.max_retries}",
                 item_repr=repr(item)[:200],
-            )  # fmt: skip
+            )
             self.errors.append(error)
             self.done[index] = (False, error, batch)
 

@@ -94,15 +94,21 @@ class MeasuredRun:
                 iterator, batch_size=self.batch_size, stop=self._stop_inline, head=head
             )
             if inline.exhausted and self.shape is None and not self.slots:
-                self.decided(Verdict(
-                    "probe", f"inline: all {inline.finished_items} items ran while the inline "
-                    f"rate was being measured ({time.monotonic() - inline.started:.2f} s)",
-                ))  # fmt: skip
+                self.decided(
+                    Verdict(
+                        "probe",
+                        f"inline: all {inline.finished_items} items ran while the inline "
+                        f"rate was being measured ({time.monotonic() - inline.started:.2f} s)",
+                    )
+                )
             if inline.exhausted and self.slots and self.shape is None:
-                self.decided(Verdict(
-                    "unfinished", "trial unfinished: the input ended before the worker "
-                    "processes were ready (they stay for the next run)",
-                ))  # fmt: skip
+                self.decided(
+                    Verdict(
+                        "unfinished",
+                        "trial unfinished: the input ended before the worker "
+                        "processes were ready (they stay for the next run)",
+                    )
+                )
             if inline.exhausted or not self.slots:
                 return
             run = self.make_run(inline.next_index, self._judge)
@@ -144,10 +150,14 @@ class MeasuredRun:
         self.inline_rate = rate
         left = None if self.remaining is None else self.remaining - inline.pulled
         verdict = decide_shape(
-            inline_rate=rate, done=inline.finished_items, remaining=left,
-            inline_s=time.monotonic() - inline.started, workers=self.workers, cores=self.cores,
+            inline_rate=rate,
+            done=inline.finished_items,
+            remaining=left,
+            inline_s=time.monotonic() - inline.started,
+            workers=self.workers,
+            cores=self.cores,
             build_s=self.build_s,
-        )  # fmt: skip
+        )
         if verdict.mode == "wait":
             return False
         self.decided(verdict)

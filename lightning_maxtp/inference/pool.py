@@ -124,10 +124,15 @@ class BatchInferencePool(Adaptive):
         ray_actor_options: dict[str, Any] | None = None,
     ) -> None:
         check_arguments(
-            batch_size=batch_size, max_retries=max_retries, max_in_flight=max_in_flight,
-            on_error=on_error, precision=precision, mode=mode, backend=backend,
+            batch_size=batch_size,
+            max_retries=max_retries,
+            max_in_flight=max_in_flight,
+            on_error=on_error,
+            precision=precision,
+            mode=mode,
+            backend=backend,
             start_timeout_s=start_timeout_s,
-        )  # fmt: skip
+        )
         config = {
             "model_factory": model_factory,
             "load": load,
@@ -156,17 +161,24 @@ class BatchInferencePool(Adaptive):
             from lightning_maxtp.inference.ray_backend import RayBackend
 
             self._ray = RayBackend(
-                config, devices=devices, workers_per_device=workers_per_device,
-                io_threads=io_threads, max_retries=max_retries, actor_options=ray_actor_options,
-            )  # fmt: skip
+                config,
+                devices=devices,
+                workers_per_device=workers_per_device,
+                io_threads=io_threads,
+                max_retries=max_retries,
+                actor_options=ray_actor_options,
+            )
             self._ray.start_timeout_s = start_timeout_s
             plan = self._ray.plan
         else:
             resources = resources or inspect_resources()
             plan = plan_workers(
-                resources, devices=devices, workers_per_device=workers_per_device,
-                model_bytes=model_bytes, io_threads=io_threads,
-            )  # fmt: skip
+                resources,
+                devices=devices,
+                workers_per_device=workers_per_device,
+                model_bytes=model_bytes,
+                io_threads=io_threads,
+            )
             self._free = {g.index: g.memory_free_bytes for g in resources.gpus}
             self._cores = max(1, resources.cpu.effective)
             cpu_only = plan.devices == ("cpu",)
@@ -279,9 +291,11 @@ class BatchInferencePool(Adaptive):
         return self._runs(items, ordered)
 
     def _check_idle(self) -> None:
-        busy = self._run.active if isinstance(self._run, Run) else (
-            self._run is not None and self._run.finished is None
-        )  # fmt: skip
+        busy = (
+            self._run.active
+            if isinstance(self._run, Run)
+            else (self._run is not None and self._run.finished is None)
+        )
         if busy:
             raise RuntimeError(
                 "another map/imap of this pool is still running; exhaust or close() its "
@@ -296,9 +310,12 @@ class BatchInferencePool(Adaptive):
         started = started or time.monotonic()
         if self._ray is not None:
             yield from self._ray.imap(
-                items, batch_size=self.batch_size, ordered=ordered,
-                max_in_flight=self.max_in_flight, on_error=self.on_error,
-            )  # fmt: skip
+                items,
+                batch_size=self.batch_size,
+                ordered=ordered,
+                max_in_flight=self.max_in_flight,
+                on_error=self.on_error,
+            )
             return
         remaining = len(items) if isinstance(items, Sized) else None
         iterator = iter(items)
@@ -316,15 +333,23 @@ class BatchInferencePool(Adaptive):
             if head:
                 self._search_inline(head)
         measured = self._run = MeasuredRun(
-            self._runner, build_s=self._build_s, workers=len(self.plan.workers),
-            cores=self._cores, remaining=remaining, shape=self._shape,
-            start_workers=self._spawn, stop_workers=self._stop_workers,
+            self._runner,
+            build_s=self._build_s,
+            workers=len(self.plan.workers),
+            cores=self._cores,
+            remaining=remaining,
+            shape=self._shape,
+            start_workers=self._spawn,
+            stop_workers=self._stop_workers,
             make_run=lambda offset, watch: self._process_run(
                 offset, watch, time.monotonic(), progress=False
             ),
-            decided=self._decided, batch_size=lambda: self.batch_size,
-            on_error=self.on_error, started=started, progress=self.progress,
-        )  # fmt: skip
+            decided=self._decided,
+            batch_size=lambda: self.batch_size,
+            on_error=self.on_error,
+            started=started,
+            progress=self.progress,
+        )
         yield from measured.results(iterator, ordered=ordered, head=head)
 
     def _process_run(
@@ -336,10 +361,16 @@ class BatchInferencePool(Adaptive):
         progress: bool | None = None,
     ) -> Run:
         return Run(
-            self._slots, self._payload, batch_size=self.batch_size,
-            max_in_flight=self.max_in_flight, on_error=self.on_error,
+            self._slots,
+            self._payload,
+            batch_size=self.batch_size,
+            max_in_flight=self.max_in_flight,
+            on_error=self.on_error,
             max_retries=self.max_retries,
             progress=self.progress if progress is None else progress,
-            start_timeout_s=self.start_timeout_s, offset=offset, started=started,
-            on_message=self._on_message, watch=watch,
-        )  # fmt: skip
+            start_timeout_s=self.start_timeout_s,
+            offset=offset,
+            started=started,
+            on_message=self._on_message,
+            watch=watch,
+        )

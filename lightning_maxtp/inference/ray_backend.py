@@ -141,9 +141,12 @@ class RayBackend:
                 zip(self.plan.workers, self._options, strict=True)
             ):
                 options = {
-                    **request, "max_concurrency": PREFETCH, "max_restarts": 0,
-                    "max_task_retries": 0, **self.actor_options,
-                }  # fmt: skip
+                    **request,
+                    "max_concurrency": PREFETCH,
+                    "max_restarts": 0,
+                    "max_task_retries": 0,
+                    **self.actor_options,
+                }
                 self._actors.append(_Actor(worker_id, spec, options))
                 self._launch(self._actors[-1])
         except BaseException:
@@ -220,15 +223,25 @@ class _RayRun(Run):
     """
 
     def __init__(
-        self, backend: RayBackend, batch_size: int, max_in_flight: int, on_error: str,
+        self,
+        backend: RayBackend,
+        batch_size: int,
+        max_in_flight: int,
+        on_error: str,
         started: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         actors: list[Slot] = list(backend._actors)
         super().__init__(
-            actors, b"", batch_size=batch_size, max_in_flight=max_in_flight, on_error=on_error,
-            max_retries=backend.max_retries, progress=False,
-            start_timeout_s=backend.start_timeout_s, started=started,
-        )  # fmt: skip
+            actors,
+            b"",
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            on_error=on_error,
+            max_retries=backend.max_retries,
+            progress=False,
+            start_timeout_s=backend.start_timeout_s,
+            started=started,
+        )
         self.backend = backend
         self.actors = backend._actors
         self.where: dict[Any, tuple[_Actor, int]] = {}

@@ -246,8 +246,13 @@ class RayDataPredictor:
         threads = max(1, int(cpus))
         cuda = inside and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         spec = WorkerSpec("cuda:0" if cuda else "cpu", None, threads, io_threads or threads)
-        config = {"model_factory": model_factory, "load": load, "preprocess": preprocess,
-                  "collate": collate, "precision": str(precision)}  # fmt: skip
+        config = {
+            "model_factory": model_factory,
+            "load": load,
+            "preprocess": preprocess,
+            "collate": collate,
+            "precision": str(precision),
+        }
         self.runner = BatchRunner(spec, config)
         self.item_column, self.output_column = item_column, output_column
         self.error_column, self.on_error = error_column, on_error

@@ -67,9 +67,11 @@ class InferencePlan:
         }
 
     def __str__(self) -> str:
-        batch = "batch size auto (not searched yet)" if self.batch_size is None else (
-            f"batch size {self.batch_size}"
-        )  # fmt: skip
+        batch = (
+            "batch size auto (not searched yet)"
+            if self.batch_size is None
+            else (f"batch size {self.batch_size}")
+        )
         lines = [f"inference plan: {self.mode}, {len(self.workers)} worker(s), {batch}"]
         for device in self.devices:
             specs = [w for w in self.workers if w.device == device]

@@ -88,8 +88,11 @@ def decide_shape(
     if inline_rate <= 0:
         return Verdict("wait", "inline rate not measured yet")
     if remaining == 0:
-        return Verdict("inline", f"inline: the whole input ({done} items so far) was pulled "
-                       "while the inline rate was measured")  # fmt: skip
+        return Verdict(
+            "inline",
+            f"inline: the whole input ({done} items so far) was pulled "
+            "while the inline rate was measured",
+        )
     if remaining is not None:
         left_s = remaining / inline_rate
         if left_s < need:

@@ -30,8 +30,11 @@ class Compile(BaseKnob):
     reason = "torch.compile fuses the step's kernels"
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {
-        "compute": 0, "healthy": 0, "kernel_launch": 0, "host_overhead": 0,
-    }  # fmt: skip
+        "compute": 0,
+        "healthy": 0,
+        "kernel_launch": 0,
+        "host_overhead": 0,
+    }
     settle_steps = 2
     min_budget_s = 30.0  # a small conv net on two CPU cores; a ResNet-50 on a GPU takes longer
     first_switch_costs = True

@@ -33,8 +33,11 @@ class FusedOptimizer(BaseKnob):
     reason = "one fused kernel per optimizer step instead of one per tensor"
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {
-        "compute": 0, "healthy": 0, "kernel_launch": 0, "host_overhead": 0,
-    }  # fmt: skip
+        "compute": 0,
+        "healthy": 0,
+        "kernel_launch": 0,
+        "host_overhead": 0,
+    }
 
     def __init__(self) -> None:
         self._was: list[tuple[torch.optim.Optimizer, dict[str, Any], Any, Any]] = []

@@ -42,9 +42,14 @@ KNOBS: tuple[type[Knob], ...] = (
 """Every knob beyond the loader's and the main threads', in the order ties are tried."""
 
 MathKnob = Literal[
-    "precision", "channels_last", "tf32", "cudnn_benchmark", "compile", "fused_optimizer",
+    "precision",
+    "channels_last",
+    "tf32",
+    "cudnn_benchmark",
+    "compile",
+    "fused_optimizer",
     "batch_size",
-]  # fmt: skip
+]
 """A knob ``allow`` may name: ``KNOBS``' names spelled out, for type checkers and LightningCLI."""
 
 MATH_KNOBS: tuple[str, ...] = tuple(k.name for k in KNOBS)

@@ -83,9 +83,11 @@ def _data_path(
         files=costs.files if costs else None,
     )
     return advise_data_path(
-        facts, device_rate=consumption_rate, loader_rate=fastest.samples_per_s,
+        facts,
+        device_rate=consumption_rate,
+        loader_rate=fastest.samples_per_s,
         device_type="cuda" if cuda else "cpu",
-    )  # fmt: skip
+    )
 
 
 def tune_dataloader(

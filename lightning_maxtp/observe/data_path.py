@@ -41,8 +41,11 @@ HOW = {
     ),
 }
 """What each path asks of the user, in one sentence."""
-NAMES = {"uint8_to_device": "uint8 to the device", "gpu_decode": "GPU decode",
-         "pre_encode": "pre-encode"}  # fmt: skip
+NAMES = {
+    "uint8_to_device": "uint8 to the device",
+    "gpu_decode": "GPU decode",
+    "pre_encode": "pre-encode",
+}
 
 
 @dataclass(frozen=True)

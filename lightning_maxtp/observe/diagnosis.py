@@ -142,13 +142,22 @@ def _data_side(w: Window) -> list[Diagnosis]:
     rates = f" (device could take {device_rate:.0f} samples/s, loader gives {loader_rate:.0f})"
     busy_txt = "?" if busy is None else f"{busy:.0%}"
     return [
-        Diagnosis(BottleneckKind.DATA_PIPELINE, base * dp,
-                  f"data wait {share:.0%} of step, loader CPU-busy ({busy_txt} of a core)"
-                  f"{need}{rates}", evidence, tuple(loader_rec.data_pipeline(w))),
-        Diagnosis(BottleneckKind.STORAGE, base * st,
-                  f"data wait {share:.0%} of step while the loader is idle ({busy_txt} of a "
-                  f"core), I/O wait {_pct(iowait)}{need}", evidence, tuple(loader_rec.storage(w))),
-    ]  # fmt: skip
+        Diagnosis(
+            BottleneckKind.DATA_PIPELINE,
+            base * dp,
+            f"data wait {share:.0%} of step, loader CPU-busy ({busy_txt} of a core){need}{rates}",
+            evidence,
+            tuple(loader_rec.data_pipeline(w)),
+        ),
+        Diagnosis(
+            BottleneckKind.STORAGE,
+            base * st,
+            f"data wait {share:.0%} of step while the loader is idle ({busy_txt} of a "
+            f"core), I/O wait {_pct(iowait)}{need}",
+            evidence,
+            tuple(loader_rec.storage(w)),
+        ),
+    ]
 
 
 def _pct(x: float | None) -> str:
@@ -178,11 +187,16 @@ def _compute(w: Window) -> list[Diagnosis]:
         what = f"CPU compute uses {cores or 0:.1f} of {threads} threads"
         if saturated:
             what += f" (machine CPUs {system:.0f} % busy)"
-        evidence = {"compute_cpu_cores": _r(cores, 2), "intra_op_threads": threads,
-                    "system_cpu_percent": _r(system, 1)}  # fmt: skip
-    evidence |= {"data_wait_share": _r(w.data_wait_share),
-                 "samples_per_s": _r(w.samples_per_s, 1),
-                 "memory_peak_share": _r(w.memory_share)}  # fmt: skip
+        evidence = {
+            "compute_cpu_cores": _r(cores, 2),
+            "intra_op_threads": threads,
+            "system_cpu_percent": _r(system, 1),
+        }
+    evidence |= {
+        "data_wait_share": _r(w.data_wait_share),
+        "samples_per_s": _r(w.samples_per_s, 1),
+        "memory_peak_share": _r(w.memory_share),
+    }
     recs = rec.compute(w)
     if not recs:
         return []  # at the device's limit with every compute knob already in use: healthy
@@ -205,8 +219,10 @@ def _vram(w: Window) -> list[Diagnosis]:
     if conf == 0.0:
         return []
     evidence = {"memory_peak_share": _r(peak), "alloc_retries": s.alloc_retries, "ooms": s.ooms}
-    summary = (f"device memory at {_pct(None if peak is None else peak * 100)} of total, "
-               f"{s.alloc_retries} allocator retries, {s.ooms} OOMs in the window")  # fmt: skip
+    summary = (
+        f"device memory at {_pct(None if peak is None else peak * 100)} of total, "
+        f"{s.alloc_retries} allocator retries, {s.ooms} OOMs in the window"
+    )
     return [Diagnosis(BottleneckKind.VRAM, conf, summary, evidence, tuple(rec.vram(w)))]
 
 
@@ -234,9 +250,11 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
         return []  # the data side explains the idle GPU
     main = w.sampler.mean_main_cpu
     main_busy = main is not None and main / 100 >= th.MAIN_THREAD_BUSY
-    evidence: dict[str, Any] = {"gpu_util_percent": _r(util, 1),
-                                "main_cpu_percent": _r(main, 1),
-                                "data_wait_share": _r(w.data_wait_share)}  # fmt: skip
+    evidence: dict[str, Any] = {
+        "gpu_util_percent": _r(util, 1),
+        "main_cpu_percent": _r(main, 1),
+        "data_wait_share": _r(w.data_wait_share),
+    }
     if cap is not None:
         evidence |= {"capture_" + k: v for k, v in cap.to_dict().items()}
         short = cap.median_kernel_us is not None and cap.median_kernel_us < th.KERNEL_SHORT_US
@@ -249,18 +267,34 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
     else:
         launch_conf, host_conf = (0.55, 0.45) if main_busy else (0.3, 0.3)
     out = [
-        Diagnosis(BottleneckKind.KERNEL_LAUNCH, launch_conf,
-                  f"GPU busy only {util:.0f} %, main thread at {_pct(main)} of a core: many tiny "
-                  "kernels", evidence, tuple(rec.kernel_launch(w)), needs_capture(w)),
-        Diagnosis(BottleneckKind.HOST_OVERHEAD, host_conf,
-                  f"GPU busy only {util:.0f} %: gaps between kernels from syncs or pageable "
-                  "copies", evidence, tuple(rec.host_overhead(w)), needs_capture(w)),
-    ]  # fmt: skip
+        Diagnosis(
+            BottleneckKind.KERNEL_LAUNCH,
+            launch_conf,
+            f"GPU busy only {util:.0f} %, main thread at {_pct(main)} of a core: many tiny kernels",
+            evidence,
+            tuple(rec.kernel_launch(w)),
+            needs_capture(w),
+        ),
+        Diagnosis(
+            BottleneckKind.HOST_OVERHEAD,
+            host_conf,
+            f"GPU busy only {util:.0f} %: gaps between kernels from syncs or pageable copies",
+            evidence,
+            tuple(rec.host_overhead(w)),
+            needs_capture(w),
+        ),
+    ]
     if not main_busy and cap is None:
-        out.append(Diagnosis(BottleneckKind.UNDER_OCCUPIED, 0.6,
-                             f"GPU busy only {util:.0f} % and the host is not busy either "
-                             f"({_pct(main)} of a core): too little work for this GPU", evidence,
-                             tuple(rec.under_occupied(w))))  # fmt: skip
+        out.append(
+            Diagnosis(
+                BottleneckKind.UNDER_OCCUPIED,
+                0.6,
+                f"GPU busy only {util:.0f} % and the host is not busy either "
+                f"({_pct(main)} of a core): too little work for this GPU",
+                evidence,
+                tuple(rec.under_occupied(w)),
+            )
+        )
     return out
 
 
@@ -272,8 +306,11 @@ def _unused_gpus(w: Window) -> list[Diagnosis]:
         f"{len(free)} free GPU(s) {list(free)} unused while the job runs on {w.context.world_size}"
     )
     evidence = {"unused_free_gpus": list(free), "world_size": w.context.world_size}
-    return [Diagnosis(BottleneckKind.UNDER_OCCUPIED, 0.9, summary, evidence,
-                      tuple(rec.under_occupied(w)))]  # fmt: skip
+    return [
+        Diagnosis(
+            BottleneckKind.UNDER_OCCUPIED, 0.9, summary, evidence, tuple(rec.under_occupied(w))
+        )
+    ]
 
 
 def diagnose(window: Window) -> list[Diagnosis]:
@@ -292,10 +329,12 @@ def diagnose(window: Window) -> list[Diagnosis]:
     found = _merge(found)
     top = max((d.confidence for d in found), default=0.0)
     if top < th.HEALTHY_BELOW:
-        evidence = {"data_wait_share": _r(window.data_wait_share),
-                    "samples_per_s": _r(window.samples_per_s, 1),
-                    "gpu_util_percent": _r(window.sampler.mean_gpu_util, 1),
-                    "compute_cpu_cores": _r(window.compute_cpu_cores, 2)}  # fmt: skip
+        evidence = {
+            "data_wait_share": _r(window.data_wait_share),
+            "samples_per_s": _r(window.samples_per_s, 1),
+            "gpu_util_percent": _r(window.sampler.mean_gpu_util, 1),
+            "compute_cpu_cores": _r(window.compute_cpu_cores, 2),
+        }
         summary = f"no bottleneck above threshold (data wait {window.data_wait_share:.0%})"
         found.append(Diagnosis(BottleneckKind.HEALTHY, 1.0 - top, summary, evidence))
     return sorted(found, key=lambda d: -d.confidence)

@@ -33,8 +33,13 @@ class KnobChange:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return {"t_s": self.t_s, "knob": self.knob, "old": self.old, "new": self.new,
-                "reason": self.reason}  # fmt: skip
+        return {
+            "t_s": self.t_s,
+            "knob": self.knob,
+            "old": self.old,
+            "new": self.new,
+            "reason": self.reason,
+        }
 
     def __str__(self) -> str:
         return f"t={self.t_s:.1f}s {self.knob}: {self.old} -> {self.new} {self.reason}".rstrip()
@@ -111,8 +116,10 @@ class ThroughputReport:
         world = self.in_force[-1].context.world_size if self.in_force else 1
         if world <= 1:
             return f"{self.samples_per_s:.1f} samples/s"
-        return (f"{self.samples_per_s:.1f} samples/s per rank "
-                f"({self.global_samples_per_s:.1f} over {world} ranks)")  # fmt: skip
+        return (
+            f"{self.samples_per_s:.1f} samples/s per rank "
+            f"({self.global_samples_per_s:.1f} over {world} ranks)"
+        )
 
     def summary(self) -> str:
         """A few lines for the end of a fit."""
@@ -175,28 +182,41 @@ class ThroughputReport:
     def to_markdown(self) -> str:
         """A readable report: summary, diagnosis with evidence, windows, changes, captures."""
         where = "" if self.final_windows is None else " (under the final settings)"
-        md = ["# Throughput report", "", f"**Bottleneck: `{self.bottleneck}`** - "
-              f"{self.rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
-              f" data wait {self.data_wait_share:.0%}{where}", ""]  # fmt: skip
+        md = [
+            "# Throughput report",
+            "",
+            f"**Bottleneck: `{self.bottleneck}`** - "
+            f"{self.rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
+            f" data wait {self.data_wait_share:.0%}{where}",
+            "",
+        ]
         for d in self.diagnoses:
             md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]
             if d.evidence:
                 md += ["| evidence | value |", "|---|---|"]
                 md += [f"| {k} | {v} |" for k, v in d.evidence.items() if v is not None]
                 md.append("")
-            md += [f"{i}. `{r.knob}`: {r.current} -> {r.proposed} - {r.reason} "
-                   f"({'auto: same math, the loop may apply it' if r.auto_apply else 'opt-in'})"
-                   for i, r in enumerate(d.recommendations, 1)]  # fmt: skip
+            md += [
+                f"{i}. `{r.knob}`: {r.current} -> {r.proposed} - {r.reason} "
+                f"({'auto: same math, the loop may apply it' if r.auto_apply else 'opt-in'})"
+                for i, r in enumerate(d.recommendations, 1)
+            ]
             md.append("")
-        md += ["## Windows", "", "| steps | samples/s | median step ms | data wait | GPU util | "
-               "settings |", "|---|---|---|---|---|---|"]  # fmt: skip
+        md += [
+            "## Windows",
+            "",
+            "| steps | samples/s | median step ms | data wait | GPU util | settings |",
+            "|---|---|---|---|---|---|",
+        ]
         final = {w.first_step for w in self.in_force}  # a capture may have replaced a window
         for w in self.windows:
             util = w.sampler.mean_gpu_util
             which = "final" if w.first_step in final and self.final_windows is not None else ""
-            md.append(f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
-                      f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
-                      f"{'-' if util is None else f'{util:.0f} %'} | {which} |")  # fmt: skip
+            md.append(
+                f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
+                f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
+                f"{'-' if util is None else f'{util:.0f} %'} | {which} |"
+            )
         for title, items in (("Knob changes", self.knob_changes), ("Captures", self.captures)):
             if items:
                 md += ["", f"## {title}", ""] + [f"- {x}" for x in items]

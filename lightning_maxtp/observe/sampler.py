@@ -134,8 +134,10 @@ class ProcessCpuSource:
         now = time.monotonic()
         out: dict[str, float] = {}
         seen: dict[psutil.Process, tuple[float, SchedClock]] = {}
-        for key, procs in (("main_demand_percent", [self._main]),
-                           ("worker_demand_percent", list(workers.values()))):  # fmt: skip
+        for key, procs in (
+            ("main_demand_percent", [self._main]),
+            ("worker_demand_percent", list(workers.values())),
+        ):
             total, rated = 0.0, not procs
             for proc in procs:  # keyed by process (pid and start time): a reused pid is new
                 last_at, clock = self._clocks.get(proc) or (now, SchedClock(proc.pid))

@@ -43,19 +43,36 @@ def _steps(ax: Any, report: ThroughputReport) -> None:
     ax.scatter(t, wait, s=6, color="#ff7f0e", label="data wait", zorder=3)
     high = [(x, y) for x, y in zip(t, step, strict=True) if y > top]
     if high:
-        ax.scatter([x for x, _ in high], [top * 0.985] * len(high), marker="^", s=28,
-                   color="#d62728", zorder=4, label="step above the axis")  # fmt: skip
-        ax.text(0.01, 0.96, f"{len(high)} step(s) above {top:.0f} ms (longest "
-                f"{max(y for _, y in high) / 1e3:.1f} s)", transform=ax.transAxes, va="top",
-                fontsize=8, color="#d62728")  # fmt: skip
+        ax.scatter(
+            [x for x, _ in high],
+            [top * 0.985] * len(high),
+            marker="^",
+            s=28,
+            color="#d62728",
+            zorder=4,
+            label="step above the axis",
+        )
+        ax.text(
+            0.01,
+            0.96,
+            f"{len(high)} step(s) above {top:.0f} ms (longest "
+            f"{max(y for _, y in high) / 1e3:.1f} s)",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=8,
+            color="#d62728",
+        )
     ax.set_ylim(0, top)
     ax.set_ylabel("ms per step")
 
 
 def _machine(ax: Any, report: ThroughputReport) -> None:
     tl = report.timeline
-    series = (("GPU util %", tl.gpu_util_percent), ("main CPU %", tl.main_cpu_percent),
-              ("workers CPU %", tl.worker_cpu_percent))  # fmt: skip
+    series = (
+        ("GPU util %", tl.gpu_util_percent),
+        ("main CPU %", tl.main_cpu_percent),
+        ("workers CPU %", tl.worker_cpu_percent),
+    )
     peak = 100.0
     for label, values in series:
         if values:
@@ -74,12 +91,24 @@ def _spans(axes: list[Any], report: ThroughputReport, end: float) -> None:
         for ax in axes:
             ax.axvspan(start, stop, lw=0, zorder=1, **_SPAN_STYLE.get(kind, {}))
         if kind == "blocked":
-            top.text((start + stop) / 2, 0.5, f"loader measured alone\n{stop - start:.1f} s",
-                     transform=top.get_xaxis_transform(), ha="center", va="center",
-                     fontsize=7, color="#444444", zorder=5)  # fmt: skip
+            top.text(
+                (start + stop) / 2,
+                0.5,
+                f"loader measured alone\n{stop - start:.1f} s",
+                transform=top.get_xaxis_transform(),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="#444444",
+                zorder=5,
+            )
     for _, start, stop in tuning:
-        label = {"fontsize": 8, "va": "bottom", "transform": top.get_xaxis_transform(),
-                 "bbox": {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}}  # fmt: skip
+        label = {
+            "fontsize": 8,
+            "va": "bottom",
+            "transform": top.get_xaxis_transform(),
+            "bbox": {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1},
+        }
         top.text(start, 0.02, "tuning", color="#8a6d00", **label)
         if stop < end:
             top.text(stop, 0.02, "monitoring", color="#2b6b2b", **label)
@@ -108,12 +137,21 @@ def _changes(axes: list[Any], listing: Any, report: ThroughputReport, span: floa
     ):
         for ax in axes:
             ax.axvline(change.t_s, color="#555555", ls="--", lw=0.8, zorder=2)
-        top.text(change.t_s, 1.03 + 0.09 * row, str(i), transform=top.get_xaxis_transform(),
-                 ha="center", va="bottom", fontsize=7,
-                 bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": "#555555"})  # fmt: skip
+        top.text(
+            change.t_s,
+            1.03 + 0.09 * row,
+            str(i),
+            transform=top.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": "#555555"},
+        )
         if i <= _MAX_LISTED:
-            lines.append(f"{i:>2}  t={change.t_s:6.1f} s  {change.knob}: {change.old} -> "
-                         f"{change.new}  ({change.reason})")  # fmt: skip
+            lines.append(
+                f"{i:>2}  t={change.t_s:6.1f} s  {change.knob}: {change.old} -> "
+                f"{change.new}  ({change.reason})"
+            )
     if len(report.knob_changes) > _MAX_LISTED:
         lines.append(f"    ... {len(report.knob_changes) - _MAX_LISTED} more in report.md")
     listing.axis("off")
@@ -146,8 +184,7 @@ def plot_timeline(report: ThroughputReport, path: Path) -> None:
     start = min(ends) if ends else 0.0
     _changes([top, bottom], listing, report, max(end - start, 1e-6))
     where = "" if report.final_windows is None else " under the final settings"
-    fig.suptitle(f"bottleneck: {report.bottleneck} - {report.rate_text()}{where}",
-                 fontsize=11)  # fmt: skip
+    fig.suptitle(f"bottleneck: {report.bottleneck} - {report.rate_text()}{where}", fontsize=11)
     for ax in (top, bottom):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper right", fontsize=7, framealpha=0.85, markerscale=1.5)

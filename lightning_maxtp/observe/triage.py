@@ -95,8 +95,9 @@ def _mean(readings: list[dict[str, float]], key: str) -> float | None:
     return round(statistics.fmean(values), 1) if values else None
 
 
-def _d(kind: BottleneckKind, conf: float, summary: str, ev: dict[str, Any],
-       *recs: Recommendation) -> Diagnosis:  # fmt: skip
+def _d(
+    kind: BottleneckKind, conf: float, summary: str, ev: dict[str, Any], *recs: Recommendation
+) -> Diagnosis:
     return Diagnosis(kind, conf, summary, ev, tuple(recs))
 
 
@@ -127,25 +128,55 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
     main, wsum, workers = _busy(ev, "main"), _busy(ev, "worker"), ev.get("workers")
     iowait = ev.get("iowait_percent") or 0.0
     per_worker = wsum / workers / 100 if wsum is not None and workers else None
-    more_workers = Recommendation("num_workers", int(workers or 0), max(cpu_budget, 1),
-                                  "loader workers are CPU-busy", True)  # fmt: skip
+    more_workers = Recommendation(
+        "num_workers", int(workers or 0), max(cpu_budget, 1), "loader workers are CPU-busy", True
+    )
     found: list[Diagnosis] = []
     if mem is not None and mem >= th.MEMORY_PEAK_SHARE:
-        found.append(_d(BottleneckKind.VRAM, 0.7, f"GPU memory {mem:.0%} used", ev,
-                        Recommendation("activation checkpointing", False, True,
-                                       "memory near the ceiling", False)))  # fmt: skip
+        found.append(
+            _d(
+                BottleneckKind.VRAM,
+                0.7,
+                f"GPU memory {mem:.0%} used",
+                ev,
+                Recommendation(
+                    "activation checkpointing", False, True, "memory near the ceiling", False
+                ),
+            )
+        )
     if util is not None and util >= th.GPU_UTIL_BUSY:
-        found.append(_d(BottleneckKind.COMPUTE, 0.8, f"GPU busy {util:.0f} %", ev,
-                        Recommendation("precision", "32-true", "bf16-mixed",
-                                       "if not already; tensor cores", False)))  # fmt: skip
+        found.append(
+            _d(
+                BottleneckKind.COMPUTE,
+                0.8,
+                f"GPU busy {util:.0f} %",
+                ev,
+                Recommendation(
+                    "precision", "32-true", "bf16-mixed", "if not already; tensor cores", False
+                ),
+            )
+        )
     elif util is not None:
         if per_worker is not None and per_worker >= th.WORKER_BUSY:
-            found.append(_d(BottleneckKind.DATA_PIPELINE, 0.65, f"GPU busy {util:.0f} % while "
-                            f"{workers:.0f} workers use {per_worker:.0%} of a core each", ev,
-                            more_workers))  # fmt: skip
+            found.append(
+                _d(
+                    BottleneckKind.DATA_PIPELINE,
+                    0.65,
+                    f"GPU busy {util:.0f} % while "
+                    f"{workers:.0f} workers use {per_worker:.0%} of a core each",
+                    ev,
+                    more_workers,
+                )
+            )
         elif iowait >= th.IOWAIT_HIGH:
-            found.append(_d(BottleneckKind.STORAGE, 0.6, f"GPU busy {util:.0f} %, I/O wait "
-                            f"{iowait:.0f} %", ev))  # fmt: skip
+            found.append(
+                _d(
+                    BottleneckKind.STORAGE,
+                    0.6,
+                    f"GPU busy {util:.0f} %, I/O wait {iowait:.0f} %",
+                    ev,
+                )
+            )
         elif main is not None and main / 100 >= th.MAIN_THREAD_BUSY:
             found.append(
                 _d(
@@ -172,7 +203,7 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
         found += _classify_cpu(ev, per_worker, more_workers)
     return sorted(found, key=lambda d: -d.confidence) or [
         _d(BottleneckKind.HEALTHY, 0.5, "nothing above threshold", ev)
-    ]  # fmt: skip
+    ]
 
 
 def _waiting(ev: dict[str, Any]) -> Diagnosis | None:
@@ -192,14 +223,24 @@ def _waiting(ev: dict[str, Any]) -> Diagnosis | None:
     confidence = round(min(0.9, 0.5 + (th.MAIN_THREAD_WAITING - running)), 2)
     waits = f"the main thread waits {1 - running:.0%} of the time"
     if per_worker is not None and per_worker >= th.WORKER_BUSY:
-        return _d(BottleneckKind.DATA_PIPELINE, confidence, f"{waits} for {workers:.0f} "
-                  f"workers busy at {per_worker:.0%} of a core each", ev,
-                  Recommendation("num_workers", int(workers), int(workers) * 2,
-                                 "the workers cannot keep up", True))  # fmt: skip
-    return _d(BottleneckKind.STORAGE, confidence, f"{waits}, on {workers:.0f} mostly idle "
-              "workers: loading waits on reads", ev,
-              Recommendation("num_workers", int(workers), 2 * int(workers),
-                             "more reads in flight hide latency", True))  # fmt: skip
+        return _d(
+            BottleneckKind.DATA_PIPELINE,
+            confidence,
+            f"{waits} for {workers:.0f} workers busy at {per_worker:.0%} of a core each",
+            ev,
+            Recommendation(
+                "num_workers", int(workers), int(workers) * 2, "the workers cannot keep up", True
+            ),
+        )
+    return _d(
+        BottleneckKind.STORAGE,
+        confidence,
+        f"{waits}, on {workers:.0f} mostly idle workers: loading waits on reads",
+        ev,
+        Recommendation(
+            "num_workers", int(workers), 2 * int(workers), "more reads in flight hide latency", True
+        ),
+    )
 
 
 def _classify_cpu(
@@ -208,29 +249,58 @@ def _classify_cpu(
     main, system = _busy(ev, "main"), ev.get("system_cpu_percent")
     iowait = ev.get("iowait_percent") or 0.0
     if per_worker is not None and per_worker >= th.WORKER_BUSY and (main or 0) < 100 * per_worker:
-        return [_d(BottleneckKind.DATA_PIPELINE, 0.6, f"workers busy ({per_worker:.0%} of a "
-                   "core each), more than the main process", ev, more_workers)]  # fmt: skip
+        return [
+            _d(
+                BottleneckKind.DATA_PIPELINE,
+                0.6,
+                f"workers busy ({per_worker:.0%} of a core each), more than the main process",
+                ev,
+                more_workers,
+            )
+        ]
     if main is None:  # the whole machine
         if iowait >= th.IOWAIT_HIGH:
             return [_d(BottleneckKind.STORAGE, 0.6, f"I/O wait {iowait:.0f} %", ev)]
         if system is not None and system >= th.SYSTEM_CPU_SATURATED:
-            return [_d(BottleneckKind.COMPUTE, 0.7, f"the machine's CPUs are {system:.0f} % "
-                       "busy", ev)]  # fmt: skip
+            return [
+                _d(BottleneckKind.COMPUTE, 0.7, f"the machine's CPUs are {system:.0f} % busy", ev)
+            ]
         idle = Recommendation("jobs per machine", 1, 2, "the CPUs are idle", False)
-        return [_d(BottleneckKind.UNDER_OCCUPIED, 0.6, f"the machine's CPUs are "
-                   f"{system or 0:.0f} % busy and nothing waits on I/O", ev, idle)]  # fmt: skip
+        return [
+            _d(
+                BottleneckKind.UNDER_OCCUPIED,
+                0.6,
+                f"the machine's CPUs are {system or 0:.0f} % busy and nothing waits on I/O",
+                ev,
+                idle,
+            )
+        ]
     cores = (main + (_busy(ev, "worker") or 0.0)) / 100
     if iowait >= th.IOWAIT_HIGH and cores < 0.5:
         return [_d(BottleneckKind.STORAGE, 0.6, f"I/O wait {iowait:.0f} % with little CPU", ev)]
     if cores >= th.MAIN_THREAD_BUSY:
-        return [_d(BottleneckKind.COMPUTE, 0.7, f"the process tree keeps {cores:.1f} cores busy",
-                   ev, Recommendation("compile", False, True, "torch.compile, if it is a torch job",
-                                      False))]  # fmt: skip
-    return [_d(BottleneckKind.UNDER_OCCUPIED, 0.6, f"the process tree uses {cores:.0%} of a "
-               "core and no I/O "
-               "wait: it waits on something outside (sleep, network, locks)", ev,
-               Recommendation("jobs per machine", 1, 2, "this job leaves its CPU share unused",
-                              False))]  # fmt: skip
+        return [
+            _d(
+                BottleneckKind.COMPUTE,
+                0.7,
+                f"the process tree keeps {cores:.1f} cores busy",
+                ev,
+                Recommendation(
+                    "compile", False, True, "torch.compile, if it is a torch job", False
+                ),
+            )
+        ]
+    return [
+        _d(
+            BottleneckKind.UNDER_OCCUPIED,
+            0.6,
+            f"the process tree uses {cores:.0%} of a "
+            "core and no I/O "
+            "wait: it waits on something outside (sleep, network, locks)",
+            ev,
+            Recommendation("jobs per machine", 1, 2, "this job leaves its CPU share unused", False),
+        )
+    ]
 
 
 def triage(
@@ -259,9 +329,18 @@ def triage(
         time.sleep(min(interval_s, max(0.0, deadline - time.perf_counter())))
         sampler.sample_once()
     readings = [r for _, r in sampler.readings]
-    keys = ("gpu_util_percent", "gpu_memory_share", "main_cpu_percent", "worker_cpu_percent",
-            "main_demand_percent", "worker_demand_percent", "workers", "system_cpu_percent",
-            "iowait_percent", "disk_read_bytes_per_s")  # fmt: skip
+    keys = (
+        "gpu_util_percent",
+        "gpu_memory_share",
+        "main_cpu_percent",
+        "worker_cpu_percent",
+        "main_demand_percent",
+        "worker_demand_percent",
+        "workers",
+        "system_cpu_percent",
+        "iowait_percent",
+        "disk_read_bytes_per_s",
+    )
     evidence: dict[str, Any] = {k: _mean(readings, k) for k in keys}
     running = _mean(readings, "main_thread_running")
     evidence["main_thread_running_share"] = None if running is None else round(running, 2)
@@ -276,11 +355,17 @@ def triage(
     status, note = read_status(pid, psutil.Process(pid).uids().real)
     if status is None or not status.get("bottleneck"):
         return TriageResult(pid, duration_s, evidence, tuple(found), status_note=note)
-    published = {f"job_{k}": status.get(k) for k in ("step_time_s", "data_wait_share",
-                 "samples_per_s", "settings", "first_step")}  # fmt: skip
+    published = {
+        f"job_{k}": status.get(k)
+        for k in ("step_time_s", "data_wait_share", "samples_per_s", "settings", "first_step")
+    }
     evidence = {**published, **evidence}
-    own = _d(BottleneckKind(status["bottleneck"]), float(status.get("confidence") or 0.5),
-             f"the job's own monitor (window from step {status.get('first_step')}): "
-             f"{status.get('summary')}", evidence)  # fmt: skip
+    own = _d(
+        BottleneckKind(status["bottleneck"]),
+        float(status.get("confidence") or 0.5),
+        f"the job's own monitor (window from step {status.get('first_step')}): "
+        f"{status.get('summary')}",
+        evidence,
+    )
     rest = tuple(d for d in found if d.kind is not own.kind)
     return TriageResult(pid, duration_s, evidence, (own, *rest), "job status", note)

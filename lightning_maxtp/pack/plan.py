@@ -73,8 +73,16 @@ class PackPlan:
             else:
                 state = "starts on CPU"
             gpu_mem = gib_column(demand.gpu_bytes) if demand.gpu_bytes or not cap.gpus else "whole"
-            rows.append([demand.name, state, str(demand.threads), gpu_mem,
-                         gib_column(demand.ram_bytes), job.command_text[:60]])  # fmt: skip
+            rows.append(
+                [
+                    demand.name,
+                    state,
+                    str(demand.threads),
+                    gpu_mem,
+                    gib_column(demand.ram_bytes),
+                    job.command_text[:60],
+                ]
+            )
         header = ["job", "first round", "threads", "gpu GiB", "ram GiB", "command"]
         return "\n".join([*lines, *text_table(header, rows)])
 

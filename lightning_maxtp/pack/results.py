@@ -83,13 +83,20 @@ class PackResult:
     def __str__(self) -> str:
         """The summary table: one row per job, then the totals."""
         rows = [
-            [j.name, j.status, "-" if j.exit_code is None else str(j.exit_code),
-             "-" if j.wall_s is None else f"{j.wall_s:.1f}", "-" if j.gpu is None else str(j.gpu),
-             format_bytes(j.peak_rss_bytes or None, unit="MiB", digits=0, missing="-",
-                          suffix=False),
-             str(j.attempts), j.log_path or "-"]
+            [
+                j.name,
+                j.status,
+                "-" if j.exit_code is None else str(j.exit_code),
+                "-" if j.wall_s is None else f"{j.wall_s:.1f}",
+                "-" if j.gpu is None else str(j.gpu),
+                format_bytes(
+                    j.peak_rss_bytes or None, unit="MiB", digits=0, missing="-", suffix=False
+                ),
+                str(j.attempts),
+                j.log_path or "-",
+            ]
             for j in self.jobs
-        ]  # fmt: skip
+        ]
         header = ["job", "status", "exit", "wall s", "gpu", "peak MiB", "tries", "log"]
         ok = sum(j.status == "ok" for j in self.jobs)
         tail = f"{ok}/{len(self.jobs)} ok, {self.num_failed} failed, {self.wall_s:.1f} s"
@@ -101,5 +108,7 @@ class PackResult:
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows of left-aligned columns, the header first."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in [header, *rows]]  # fmt: skip
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]

@@ -62,8 +62,14 @@ def run_jobs(
     plan = jobs if isinstance(jobs, PackPlan) else plan_pack(jobs, **plan_kwargs)
     folder = Path(log_dir) if log_dir is not None else default_log_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    run = _Run(plan, folder, fail_fast=fail_fast, retry_oom=retry_oom, progress=progress,
-               status_line=status_line)  # fmt: skip
+    run = _Run(
+        plan,
+        folder,
+        fail_fast=fail_fast,
+        retry_oom=retry_oom,
+        progress=progress,
+        status_line=status_line,
+    )
     with _signals_stop(run):
         run.loop(poll_interval_s)
     return run.result()
@@ -258,9 +264,12 @@ class _Run:
         if not (self.status_line and self.progress is not None):
             return
         text = status_text(
-            self.plan, self._placed(), len(self.pending), self.results.values(),
+            self.plan,
+            self._placed(),
+            len(self.pending),
+            self.results.values(),
             time.monotonic() - self.started,
-        )  # fmt: skip
+        )
         if self.progress.isatty():
             self.progress.write(f"\r\x1b[K{text}")
         else:

@@ -273,9 +273,21 @@ def probe_torch(reason: str) -> GpuProbe:
         free, total = torch.cuda.mem_get_info(i)
         uuid = getattr(props, "uuid", None)
         gpus.append(
-            GpuInfo(i, None, props.name, f"GPU-{uuid}" if uuid else None, total, total - free, free,
-                    None, f"{props.major}.{props.minor}", None, None, missing)
-        )  # fmt: skip
+            GpuInfo(
+                i,
+                None,
+                props.name,
+                f"GPU-{uuid}" if uuid else None,
+                total,
+                total - free,
+                free,
+                None,
+                f"{props.major}.{props.minor}",
+                None,
+                None,
+                missing,
+            )
+        )
     return GpuProbe(tuple(gpus), "torch", None, torch.version.cuda, tuple(notes))
 
 

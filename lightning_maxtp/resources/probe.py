@@ -114,12 +114,14 @@ class Resources:
         """
         return {
             gpu.index: workers_for_memory(
-                gpu.memory_free_bytes, model_bytes, headroom_bytes=headroom_bytes,
+                gpu.memory_free_bytes,
+                model_bytes,
+                headroom_bytes=headroom_bytes,
                 max_workers=max_workers,
             )
             for gpu in self.gpus
             if gpu.index in self.advice.free_gpus
-        }  # fmt: skip
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view (the output of ``maxtp inspect --json``)."""

@@ -202,12 +202,20 @@ class AutoMaxTP(LauncherOverride):
             visible = [g.index for g in resources.gpus]
             devices = indices if external else devices_flag(indices, visible)
         plan = plan_strategy(
-            resources, size, precision=precision, optimizer=self._optimizer_of(model),
-            activation_bytes=self._activation_bytes, training=training,
-            accelerator=accelerator, devices=devices, num_nodes=self.num_nodes,
-            headroom_bytes=self._headroom_bytes, memory_budget_bytes=self._memory_budget_bytes,
-            memory_basis="total" if external else "free", cpu_offload=self._cpu_offload,
-        )  # fmt: skip
+            resources,
+            size,
+            precision=precision,
+            optimizer=self._optimizer_of(model),
+            activation_bytes=self._activation_bytes,
+            training=training,
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=self.num_nodes,
+            headroom_bytes=self._headroom_bytes,
+            memory_budget_bytes=self._memory_budget_bytes,
+            memory_basis="total" if external else "free",
+            cpu_offload=self._cpu_offload,
+        )
         return plan, fingerprint
 
     def _optimizer_of(self, model: pl.LightningModule | None) -> str | int:
@@ -215,8 +223,10 @@ class AutoMaxTP(LauncherOverride):
             return self._optimizer
         name, why = optimizer_name(model) if model is not None else (None, "no model yet")
         if name is None:
-            rank_zero_warn(f"optimizer state sized as Adam's (2 per parameter): {why}; pass "
-                           "AutoMaxTP(optimizer=...) to size it exactly")  # fmt: skip
+            rank_zero_warn(
+                f"optimizer state sized as Adam's (2 per parameter): {why}; pass "
+                "AutoMaxTP(optimizer=...) to size it exactly"
+            )
             return "adam"
         return name
 

@@ -215,8 +215,16 @@ def estimate_memory(
     else:
         activations = activation_bytes
     return MemoryEstimate(
-        model=size, precision=name, optimizer=label, optimizer_states=states, training=training,
-        weight_bytes=weights, grad_bytes=grads, optimizer_bytes=opt, autocast_bytes=autocast,
-        activation_bytes=activations, activation_measured=activation_bytes is not None,
+        model=size,
+        precision=name,
+        optimizer=label,
+        optimizer_states=states,
+        training=training,
+        weight_bytes=weights,
+        grad_bytes=grads,
+        optimizer_bytes=opt,
+        autocast_bytes=autocast,
+        activation_bytes=activations,
+        activation_measured=activation_bytes is not None,
         compute_bytes_per_param=b,
-    )  # fmt: skip
+    )

@@ -120,8 +120,13 @@ def _count(n: int) -> str:
     return str(n)
 
 
-_OPTIMIZER_NAMES = (("AdamW", "adamw"), ("Adam", "adam"), ("RMSprop", "rmsprop"),
-                    ("Adagrad", "adagrad"), ("SGD", "sgd"))  # fmt: skip
+_OPTIMIZER_NAMES = (
+    ("AdamW", "adamw"),
+    ("Adam", "adam"),
+    ("RMSprop", "rmsprop"),
+    ("Adagrad", "adagrad"),
+    ("SGD", "sgd"),
+)
 """Optimizer classes (or a base class in their MRO) and their ``OPTIMIZER_STATES`` names."""
 
 

@@ -90,13 +90,20 @@ class StrategyPlan:
     def from_dict(cls, data: dict[str, Any]) -> StrategyPlan:
         """Inverse of ``to_dict`` (how DDP child processes receive the launching process's plan)."""
         return cls(
-            strategy=data["strategy"], accelerator=data["accelerator"],
-            devices=tuple(data["devices"]), num_processes=data["num_processes"],
-            num_nodes=data["num_nodes"], cpu_offload=data["cpu_offload"],
-            need_bytes=data["need_bytes"], budget_bytes=data["budget_bytes"], fits=data["fits"],
-            reason=data["reason"], skipped=tuple(data["skipped"]),
-            warnings=tuple(data["warnings"]), memory=MemoryEstimate.from_dict(data["memory"]),
-        )  # fmt: skip
+            strategy=data["strategy"],
+            accelerator=data["accelerator"],
+            devices=tuple(data["devices"]),
+            num_processes=data["num_processes"],
+            num_nodes=data["num_nodes"],
+            cpu_offload=data["cpu_offload"],
+            need_bytes=data["need_bytes"],
+            budget_bytes=data["budget_bytes"],
+            fits=data["fits"],
+            reason=data["reason"],
+            skipped=tuple(data["skipped"]),
+            warnings=tuple(data["warnings"]),
+            memory=MemoryEstimate.from_dict(data["memory"]),
+        )
 
     def __str__(self) -> str:
         label = _LABELS[self.strategy] + (" + CPU offload" if self.cpu_offload else "")
@@ -158,9 +165,12 @@ def plan_strategy(
     """
     _validate(accelerator, num_nodes, headroom_bytes, memory_budget_bytes, memory_basis)
     memory = estimate_memory(
-        model, precision=precision, optimizer=optimizer, activation_bytes=activation_bytes,
+        model,
+        precision=precision,
+        optimizer=optimizer,
+        activation_bytes=activation_bytes,
         training=training,
-    )  # fmt: skip
+    )
     if accelerator == "cpu" or (accelerator == "auto" and not resources.gpus):
         return _plan_cpu(resources, memory, devices, num_nodes)
     if not resources.gpus:
@@ -172,9 +182,13 @@ def plan_strategy(
     budget = gpu_budget(resources, chosen, memory_basis, headroom_bytes, memory_budget_bytes)
     ram = resources.memory.effective_available_bytes
     plan = _plan_gpus(
-        memory, gpus=len(chosen), num_nodes=num_nodes, budget=budget, ram=ram,
+        memory,
+        gpus=len(chosen),
+        num_nodes=num_nodes,
+        budget=budget,
+        ram=ram,
         allow_offload=cpu_offload,
-    )  # fmt: skip
+    )
     strategy, need, fits, offload, why, more = plan
     usable = (
         f"{format_bytes(budget)} usable per GPU ({memory_basis} memory - "
@@ -186,11 +200,20 @@ def plan_strategy(
     if skipped:
         reason += "; skipped " + "; ".join(skipped)
     return StrategyPlan(
-        strategy=strategy, accelerator="cuda", devices=tuple(chosen),
-        num_processes=1 if strategy == "single_device" else len(chosen), num_nodes=num_nodes,
-        cpu_offload=offload, need_bytes=need, budget_bytes=budget, fits=fits, reason=reason,
-        skipped=tuple(skipped), warnings=(*warnings, *more), memory=memory,
-    )  # fmt: skip
+        strategy=strategy,
+        accelerator="cuda",
+        devices=tuple(chosen),
+        num_processes=1 if strategy == "single_device" else len(chosen),
+        num_nodes=num_nodes,
+        cpu_offload=offload,
+        need_bytes=need,
+        budget_bytes=budget,
+        fits=fits,
+        reason=reason,
+        skipped=tuple(skipped),
+        warnings=(*warnings, *more),
+        memory=memory,
+    )
 
 
 def _validate(
@@ -247,10 +270,20 @@ def _plan_cpu(
             "fewer devices, a smaller batch (activations), or precision='bf16-true'",
         )
     return StrategyPlan(
-        strategy="ddp" if parallel else "single_device", accelerator="cpu", devices=(),
-        num_processes=count, num_nodes=num_nodes, cpu_offload=False, need_bytes=need,
-        budget_bytes=ram, fits=fits, reason=why, skipped=(), warnings=warnings, memory=memory,
-    )  # fmt: skip
+        strategy="ddp" if parallel else "single_device",
+        accelerator="cpu",
+        devices=(),
+        num_processes=count,
+        num_nodes=num_nodes,
+        cpu_offload=False,
+        need_bytes=need,
+        budget_bytes=ram,
+        fits=fits,
+        reason=why,
+        skipped=(),
+        warnings=warnings,
+        memory=memory,
+    )
 
 
 def _plan_gpus(

@@ -28,9 +28,9 @@ Allow = Literal["safe", "all"] | tuple[MathKnob, ...]
 """``MaxThroughputCallback(allow=...)``: a preset, or the knobs by name."""
 
 
-def resolve_allow(allow: object, *, batch_size: bool = False, deterministic: bool = False) -> (
-    tuple[str, ...]
-):  # fmt: skip
+def resolve_allow(
+    allow: object, *, batch_size: bool = False, deterministic: bool = False
+) -> tuple[str, ...]:
     """The knob names ``allow`` permits, in ``MATH_KNOBS`` order.
 
     Args:

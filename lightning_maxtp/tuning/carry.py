@@ -39,16 +39,23 @@ def loader_key(loader: Any) -> dict[str, Any]:
         length: int | None = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         length = None
-    return {"dataset": type(dataset).__name__, "length": length,
-            "batch_size": getattr(loader, "batch_size", None)}  # fmt: skip
+    return {
+        "dataset": type(dataset).__name__,
+        "length": length,
+        "batch_size": getattr(loader, "batch_size", None),
+    }
 
 
 def state(
     settings: dict[str, Any], machine: dict[str, Any], loader: dict[str, Any]
 ) -> dict[str, Any]:
     """The callback's checkpoint state (plain, JSON-safe data)."""
-    return {"version": STATE_VERSION, "settings": dict(settings), "machine": machine,
-            "loader": loader}  # fmt: skip
+    return {
+        "version": STATE_VERSION,
+        "settings": dict(settings),
+        "machine": machine,
+        "loader": loader,
+    }
 
 
 def carried_settings(

@@ -113,8 +113,9 @@ class TuningConfig:
 
     def allowed(self, *, deterministic: bool = False) -> tuple[str, ...]:
         """The knob names beyond the loader's this fit may try (``allow.resolve_allow``)."""
-        return resolve_allow(self.allow, batch_size=self.allow_batch_size_change,
-                             deterministic=deterministic)  # fmt: skip
+        return resolve_allow(
+            self.allow, batch_size=self.allow_batch_size_change, deterministic=deterministic
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""

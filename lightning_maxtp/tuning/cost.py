@@ -112,8 +112,12 @@ class TuningCost:
         data["batches"] = (
             self.batches if self.batches is None or math.isfinite(self.batches) else None
         )
-        return {**data, "cost_s": self.cost_s, "expected_fit_s": self.expected_fit_s,
-                "net": self.net}  # fmt: skip
+        return {
+            **data,
+            "cost_s": self.cost_s,
+            "expected_fit_s": self.expected_fit_s,
+            "net": self.net,
+        }
 
     def __str__(self) -> str:
         budget = ""
@@ -123,12 +127,16 @@ class TuningCost:
             )
             if self.earned_s > 0:
                 budget += f" + {self.earned_s:.1f} s earned by the changes kept"
-        text = (f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
-                f"{self.lost_s:.1f} s lost in slower windows")  # fmt: skip
+        text = (
+            f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
+            f"{self.lost_s:.1f} s lost in slower windows"
+        )
         if self.switch_s > 0:
             text += f", {self.switch_s:.1f} s switching math knobs (compiling)"
         if self.net is not None and self.fit_s is not None and self.step_s is not None:
             at_baseline = self.step_s * self.steps_run
-            text += (f"; net: the fit's {self.steps_run} steps took {self.fit_s:.1f} s, "
-                     f"{self.net:.2f}x the {at_baseline:.1f} s at the baseline rate")  # fmt: skip
+            text += (
+                f"; net: the fit's {self.steps_run} steps took {self.fit_s:.1f} s, "
+                f"{self.net:.2f}x the {at_baseline:.1f} s at the baseline rate"
+            )
         return text

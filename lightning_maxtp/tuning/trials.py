@@ -162,9 +162,11 @@ class TuningSummary:
         }
 
     def __str__(self) -> str:
-        lines = [f"maxtp: tuning: {len(self.trials)} knob trial(s) in {self.tuning_s:.1f} s over "
-                 f"{self.tuning_steps} training steps (real steps: no sample skipped or repeated); "
-                 f"stopped: {self.stop_reason}"]  # fmt: skip
+        lines = [
+            f"maxtp: tuning: {len(self.trials)} knob trial(s) in {self.tuning_s:.1f} s over "
+            f"{self.tuning_steps} training steps (real steps: no sample skipped or repeated); "
+            f"stopped: {self.stop_reason}"
+        ]
         if self.baseline_samples_per_s is not None and self.tuned_samples_per_s is not None:
             lines.append(
                 f"  throughput: {self.baseline_samples_per_s:.1f} samples/s (baseline window) -> "

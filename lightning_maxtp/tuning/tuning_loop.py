@@ -147,8 +147,9 @@ class TuningLoop:
         """
         assert self.ref is not None
         settle = self.config.settle_steps if settle_steps is None else settle_steps
-        self._trial = _Trial(knob, old, new, why, step, [(self.ref, self.ref_found)],
-                             settle_steps=settle)  # fmt: skip
+        self._trial = _Trial(
+            knob, old, new, why, step, [(self.ref, self.ref_found)], settle_steps=settle
+        )
         self._settle()
 
     def _settle(self) -> None:
@@ -222,10 +223,21 @@ class TuningLoop:
         before, after, noise, lost = judged(t.windows, kept, self.config.min_gain)
         steps = sum(w.steps for w, _ in news)
         trial = KnobTrial(
-            t.knob, shown_old, shown_new, t.why, before_samples_per_s=before,
-            after_samples_per_s=after, kept=kept, first_step=t.step, steps=steps,
-            verdict=verdict, noise=noise, windows=len(t.windows), lost_s=lost, guard=t.guard,
-        )  # fmt: skip
+            t.knob,
+            shown_old,
+            shown_new,
+            t.why,
+            before_samples_per_s=before,
+            after_samples_per_s=after,
+            kept=kept,
+            first_step=t.step,
+            steps=steps,
+            verdict=verdict,
+            noise=noise,
+            windows=len(t.windows),
+            lost_s=lost,
+            guard=t.guard,
+        )
         self.trials.append(trial)
         if kept:
             self.ref, self.ref_found = news[-1]
@@ -263,8 +275,13 @@ class TuningLoop:
             planned = loader_plan()
             if planned is not None:
                 return planned
-        change = next_change(found, settings, self.tried, device_type=device_type,
-                             max_workers=self.config.max_workers)  # fmt: skip
+        change = next_change(
+            found,
+            settings,
+            self.tried,
+            device_type=device_type,
+            max_workers=self.config.max_workers,
+        )
         kind = found[0].kind.value if found else "unknown"
         planned = math(kind) if change is None and math is not None else None
         if planned is not None:
@@ -340,12 +357,19 @@ class TuningLoop:
             tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
             steps = max(0, self.steps - self.config.warmup_steps)
         return TuningSummary(
-            trials=tuple(self.trials), baseline_samples_per_s=self.baseline,
+            trials=tuple(self.trials),
+            baseline_samples_per_s=self.baseline,
             tuned_samples_per_s=tuned_samples_per_s
-            if tuned_samples_per_s is not None or self.ref is None else window_rate(self.ref),
-            tuning_s=tuning_s, tuning_steps=steps or 0, stop_reason=self.stop_reason,
-            settings=settings, notes=notes, finished=self.finished, cost=cost,
-        )  # fmt: skip
+            if tuned_samples_per_s is not None or self.ref is None
+            else window_rate(self.ref),
+            tuning_s=tuning_s,
+            tuning_steps=steps or 0,
+            stop_reason=self.stop_reason,
+            settings=settings,
+            notes=notes,
+            finished=self.finished,
+            cost=cost,
+        )
 
 
 def in_force(
