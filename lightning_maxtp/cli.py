@@ -37,8 +37,7 @@ _positive_seconds = _positive("seconds")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from lightning_maxtp.resources.format import format_resources
-    from lightning_maxtp.resources.probe import inspect_resources
+    from lightning_maxtp.resources.probe import format_resources, inspect_resources
 
     res = inspect_resources(args.path)
     workers = None

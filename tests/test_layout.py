@@ -151,15 +151,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 # Cycles still hidden under TYPE_CHECKING, to remove; removing one is progress (its entry goes),
-# adding one fails. The trial steps moved out of ``Tuner`` take it whole and write into it; the
-# others are a data class whose convenience method (``report.write``, ``str(resources)``,
-# ``plan.apply``, ``AutoMaxTP.resolve``) calls a helper module that annotates the class.
+# adding one fails. The math trials' steps take the ``Tuner`` whole and write into it.
 KNOWN_TYPED_CYCLES = {
-    frozenset({"lightning_maxtp.callbacks.tuner", "lightning_maxtp.callbacks.loader_trial"}),
     frozenset({"lightning_maxtp.callbacks.tuner", "lightning_maxtp.callbacks.math_trial"}),
-    frozenset({"lightning_maxtp.observe.report", "lightning_maxtp.observe.timeline"}),
-    frozenset({"lightning_maxtp.resources.probe", "lightning_maxtp.resources.format"}),
-    frozenset({"lightning_maxtp.batch_size.plan", "lightning_maxtp.batch_size.apply"}),
 }
 
 

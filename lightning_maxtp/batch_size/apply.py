@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch.callbacks import Callback
 
@@ -12,9 +12,32 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
 
-    from lightning_maxtp.batch_size.plan import BatchSizePlan
+__all__ = ["LrWarmup", "PlanToApply", "apply_plan"]
 
-__all__ = ["LrWarmup", "apply_plan"]
+
+class PlanToApply(Protocol):
+    """What applying a plan reads (a ``BatchSizePlan``; ``BatchSizePlan.apply`` calls it)."""
+
+    @property
+    def batch_size(self) -> int:
+        """The batch to train with."""
+
+    @property
+    def previous_batch_size(self) -> int:
+        """The batch the loader had."""
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step."""
+
+    @property
+    def lr_scales(self) -> tuple[float, ...]:
+        """Per optimizer, the learning-rate factor."""
+
+    @property
+    def lr_warmup_steps(self) -> int:
+        """Optimizer steps of the warm-up to the scaled rate (0: none)."""
+
 
 LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 """Param-group entries that hold a learning rate (schedulers keep their own copies there)."""
@@ -60,7 +83,7 @@ class LrWarmup(Callback):
         self._undo.clear()
 
 
-def apply_plan(plan: BatchSizePlan, trainer: pl.Trainer, batch_arg_name: str) -> None:
+def apply_plan(plan: PlanToApply, trainer: pl.Trainer, batch_arg_name: str) -> None:
     """Make the Trainer train as the plan says; see ``BatchSizePlan.apply``."""
     if plan.batch_size != plan.previous_batch_size:
         set_batch_size(trainer, batch_arg_name, plan.batch_size)

@@ -7,9 +7,6 @@ single knob. Plain functions over plain data; the callback supplies the loader a
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
@@ -19,7 +16,6 @@ from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from lightning_maxtp.callbacks.tuner import Tuner
     from lightning_maxtp.loader.plan import LoaderPlan
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
@@ -28,7 +24,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_LOADER_MEASURE_S",
     "PAYBACK_SHARE",
-    "loader_plan_trial",
     "measure_loader",
     "most_workers",
     "plan_change",
@@ -132,60 +127,3 @@ def plan_change(
     if not new or (not plan.num_workers and not settings["num_workers"]):
         return None
     return "loader plan", new, plan.reason.split(". ")[0].rstrip(".")
-
-
-def loader_plan_trial(tuner: Tuner) -> tuple[str, dict[str, Any], str] | None:
-    """Measure the loader alone for ``tuner``, within what its budget leaves; the trial, if any.
-
-    Training waits while the loader is measured, so the time counts as blocked in the tuner's
-    cost (and is drawn as a blocked span); a run whose budget cannot pay for it skips it.
-    """
-    assert tuner.loop.ref is not None and tuner.loader is not None
-    most = most_workers(tuner.config, tuner.resources, tuner.local_ranks)
-    workers = tuner.loader.settings().get("num_workers") or 0
-    if most is not None and workers >= most:
-        # The search could only try fewer workers or a deeper prefetch: the loop tries those
-        # on real steps without stopping training to measure the loader alone.
-        tuner.note(
-            f"the loader is not measured alone: it already has {workers} workers, the most the "
-            "search may try on this machine; single knobs are tried on real steps instead"
-        )
-        tuner.loader_plan = False
-        return None
-    cost, ref = tuner.summary.cost, tuner.loop.ref
-    # The most a loader fast enough could save: the rest of the fit without its data wait.
-    rest = cost.remaining_s(tuner.loop.steps) if cost is not None else None
-    share = 1 - ref.samples_per_s / max(ref.device_samples_per_s, 1e-9)
-    potential = 0.0 if rest is None else rest * max(0.0, share)
-    allowed = max(cost.left_s if cost else math.inf, PAYBACK_SHARE * potential)
-    seconds = min(tuner.config.loader_time_budget_s, allowed)
-    if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
-        tuner.note(
-            "the loader is not measured alone: the fit is expected to take "
-            f"{tuner.cost.expected_fit_s or 0:.1f} s, so tuning may cost "
-            f"{tuner.cost.budget_s or 0:.2f} s and a loader fast enough would save at most "
-            f"{potential:.1f} s; single knobs are tried on real steps instead"
-        )
-        tuner.loader_plan = False
-        return None
-    rate = tuner.loop.ref.device_samples_per_s
-    tuner.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
-    started, at = time.perf_counter(), tuner.monitor.elapsed_s()
-    try:
-        tuner.loader_plan = measure_loader(
-            tuner.source_loader,
-            tuner.loop.ref,
-            tuner.config,
-            tuner.resources,
-            time_budget_s=seconds,
-            local_ranks=tuner.local_ranks,
-        )
-    except Exception as err:  # advisory: the diagnosis loop still runs without it
-        tuner.note(f"tune_dataloader failed, skipped: {err!r}")
-        tuner.loader_plan = False
-        return None
-    finally:
-        blocked = tuner.cost.blocked_s + time.perf_counter() - started
-        tuner.cost = dataclasses.replace(tuner.cost, blocked_s=blocked)
-        tuner.spans.append(("blocked", at, tuner.monitor.elapsed_s()))
-    return plan_change(tuner.loader_plan, tuner.loader.settings())

@@ -11,13 +11,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks import math_trial
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
-from lightning_maxtp.callbacks.loader_trial import loader_plan_trial
+from lightning_maxtp.callbacks.loader_trial import (
+    MIN_LOADER_MEASURE_S,
+    PAYBACK_SHARE,
+    measure_loader,
+    most_workers,
+    plan_change,
+)
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.knobs.registry import GUARDED
@@ -327,8 +334,60 @@ class Tuner:
         )
 
     def _plan_change(self) -> Change | None:
-        """``tune_dataloader`` against the reference window's consumption rate."""
-        return loader_plan_trial(self)
+        """``tune_dataloader`` against the reference window's consumption rate: the trial, if any.
+
+        Training waits while the loader is measured, so the time counts as blocked in the cost
+        (and is drawn as a blocked span); a run whose budget cannot pay for it skips it.
+        """
+        assert self.loop.ref is not None and self.loader is not None
+        most = most_workers(self.config, self.resources, self.local_ranks)
+        workers = self.loader.settings().get("num_workers") or 0
+        if most is not None and workers >= most:
+            # The search could only try fewer workers or a deeper prefetch: the loop tries those
+            # on real steps without stopping training to measure the loader alone.
+            self.note(
+                f"the loader is not measured alone: it already has {workers} workers, the most the "
+                "search may try on this machine; single knobs are tried on real steps instead"
+            )
+            self.loader_plan = False
+            return None
+        cost, ref = self.summary.cost, self.loop.ref
+        # The most a loader fast enough could save: the rest of the fit without its data wait.
+        rest = cost.remaining_s(self.loop.steps) if cost is not None else None
+        share = 1 - ref.samples_per_s / max(ref.device_samples_per_s, 1e-9)
+        potential = 0.0 if rest is None else rest * max(0.0, share)
+        allowed = max(cost.left_s if cost else math.inf, PAYBACK_SHARE * potential)
+        seconds = min(self.config.loader_time_budget_s, allowed)
+        if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
+            self.note(
+                "the loader is not measured alone: the fit is expected to take "
+                f"{self.cost.expected_fit_s or 0:.1f} s, so tuning may cost "
+                f"{self.cost.budget_s or 0:.2f} s and a loader fast enough would save at most "
+                f"{potential:.1f} s; single knobs are tried on real steps instead"
+            )
+            self.loader_plan = False
+            return None
+        rate = self.loop.ref.device_samples_per_s
+        self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+        started, at = time.perf_counter(), self.monitor.elapsed_s()
+        try:
+            self.loader_plan = measure_loader(
+                self.source_loader,
+                self.loop.ref,
+                self.config,
+                self.resources,
+                time_budget_s=seconds,
+                local_ranks=self.local_ranks,
+            )
+        except Exception as err:  # advisory: the diagnosis loop still runs without it
+            self.note(f"tune_dataloader failed, skipped: {err!r}")
+            self.loader_plan = False
+            return None
+        finally:
+            blocked = self.cost.blocked_s + time.perf_counter() - started
+            self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
+            self.spans.append(("blocked", at, self.monitor.elapsed_s()))
+        return plan_change(self.loader_plan, self.loader.settings())
 
     def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
         assert self.loader is not None

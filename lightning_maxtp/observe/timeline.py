@@ -10,12 +10,44 @@ descriptions are listed under the plots, where they cannot run over each other o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from lightning_maxtp.observe.report import ThroughputReport
+    from lightning_maxtp.observe.window import SamplerSeries, Window
 
-__all__ = ["plot_timeline"]
+__all__ = ["TimelineSource", "plot_timeline"]
+
+
+class TimelineSource(Protocol):
+    """What the plot reads (a ``ThroughputReport``; ``ThroughputReport.write`` calls it)."""
+
+    @property
+    def step_log(self) -> tuple[tuple[float, float, float], ...]:
+        """``(t_s, step_s, data_wait_s)`` per training step."""
+
+    @property
+    def timeline(self) -> SamplerSeries:
+        """The machine's samples over the fit."""
+
+    @property
+    def spans(self) -> tuple[tuple[str, float, float], ...]:
+        """``(kind, start_s, end_s)``: tuning, and the time training was blocked."""
+
+    @property
+    def knob_changes(self) -> tuple[Any, ...]:
+        """Every knob change, with its time ``t_s``."""
+
+    @property
+    def final_windows(self) -> tuple[Window, ...] | None:
+        """The windows under the settings the fit ended with."""
+
+    @property
+    def bottleneck(self) -> str:
+        """The top diagnosis's kind."""
+
+    def rate_text(self) -> str:
+        """The headline rate, in words."""
+
 
 _MAX_LISTED = 14
 """Knob changes listed under the plots; the rest are in ``report.md``."""
@@ -30,7 +62,7 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def _steps(ax: Any, report: ThroughputReport) -> None:
+def _steps(ax: Any, report: TimelineSource) -> None:
     """Step time and data wait as points, with a robust y-limit and the outliers marked."""
     if not report.step_log:
         ax.text(0.5, 0.5, "no step measured", transform=ax.transAxes, ha="center")
@@ -66,7 +98,7 @@ def _steps(ax: Any, report: ThroughputReport) -> None:
     ax.set_ylabel("ms per step")
 
 
-def _machine(ax: Any, report: ThroughputReport) -> None:
+def _machine(ax: Any, report: TimelineSource) -> None:
     tl = report.timeline
     series = (
         ("GPU util %", tl.gpu_util_percent),
@@ -83,7 +115,7 @@ def _machine(ax: Any, report: ThroughputReport) -> None:
     ax.set_xlabel("seconds since the fit started")
 
 
-def _spans(axes: list[Any], report: ThroughputReport, end: float) -> None:
+def _spans(axes: list[Any], report: TimelineSource, end: float) -> None:
     """Shade tuning and blocked time; label the phases inside the top plot."""
     top = axes[0]
     tuning = [s for s in report.spans if s[0] == "tuning"]
@@ -127,7 +159,7 @@ def _levels(xs: list[float], span: float, gap: float = 0.022) -> list[int]:
     return rows
 
 
-def _changes(axes: list[Any], listing: Any, report: ThroughputReport, span: float) -> None:
+def _changes(axes: list[Any], listing: Any, report: TimelineSource, span: float) -> None:
     """Numbered markers on the plots; their descriptions in the listing under them."""
     top = axes[0]
     lines = []
@@ -159,7 +191,7 @@ def _changes(axes: list[Any], listing: Any, report: ThroughputReport, span: floa
     listing.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=7)
 
 
-def plot_timeline(report: ThroughputReport, path: Path) -> None:
+def plot_timeline(report: TimelineSource, path: Path) -> None:
     """Draw the report's timelines into ``path``.
 
     Raises:
