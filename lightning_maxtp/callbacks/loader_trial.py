@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
+from lightning_maxtp.tuning.tuning_loop import Try
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -119,11 +120,9 @@ def measure_loader(
     )
 
 
-def plan_change(
-    plan: LoaderPlan, settings: dict[str, Any]
-) -> tuple[str, dict[str, Any], str] | None:
-    """The plan as one trial ``("loader plan", changed settings, reason)``, or ``None``."""
+def plan_change(plan: LoaderPlan, settings: dict[str, Any]) -> Try | None:
+    """The plan as one trial of ``"loader plan"`` (the settings it changes), or ``None``."""
     new = {k: v for k, v in plan.dataloader_kwargs().items() if settings.get(k) != v}
     if not new or (not plan.num_workers and not settings["num_workers"]):
         return None
-    return "loader plan", new, plan.reason.split(". ")[0].rstrip(".")
+    return Try("loader plan", new, plan.reason.split(". ")[0].rstrip("."))

@@ -22,13 +22,13 @@ from lightning_maxtp.knobs.registry import (
     knob_class,
 )
 from lightning_maxtp.tuning.allow import math_knobs_for
+from lightning_maxtp.tuning.tuning_loop import Try
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from lightning_maxtp.callbacks.tuner import Tuner
     from lightning_maxtp.tuning.trials import KnobTrial
-    from lightning_maxtp.tuning.tuning_loop import Change
 
 __all__ = [
     "after_trial",
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-def math_change(tuner: Tuner, kind: str) -> Change | None:
+def math_change(tuner: Tuner, kind: str) -> Try | None:
     """Rank zero: the next allowed math knob the ``kind`` bottleneck points to, not yet tried."""
     allowed, device = tuner.math.allowed, tuner.monitor.context.device_type
     missing = [
@@ -71,7 +71,7 @@ def math_change(tuner: Tuner, kind: str) -> Change | None:
             continue
         if (knob, repr(offer.proposed)) in tuner.loop.tried:
             continue
-        return knob, {knob: offer.proposed}, f"{kind} bottleneck: {offer.why}"
+        return Try(knob, {knob: offer.proposed}, f"{kind} bottleneck: {offer.why}")
     return None
 
 

@@ -41,7 +41,18 @@ from lightning_maxtp.tuning.trials import (
     remaining,
     top_line,
 )
-from lightning_maxtp.tuning.tuning_loop import Change, TuningLoop, in_force, window_rate
+from lightning_maxtp.tuning.tuning_loop import (
+    ASK,
+    Ask,
+    AskMath,
+    Decision,
+    MeasureLoader,
+    Stop,
+    Try,
+    TuningLoop,
+    in_force,
+    window_rate,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -197,10 +208,10 @@ class Tuner:
         decision = self._decide() if trainer.is_global_zero else None
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
-        if decision is None or isinstance(decision, str):
-            self.stop(decision or "no loader")
+        if isinstance(decision, Try):
+            self._start_trial(trainer, decision.knob, decision.settings, decision.why)
         else:
-            self._start_trial(trainer, *decision)
+            self.stop(decision.reason if isinstance(decision, Stop) else "no loader")
 
     def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
         """The fit's expected length at the baseline rate, and what tuning may cost of it."""
@@ -315,25 +326,33 @@ class Tuner:
 
     # -- the steps of the loop --------------------------------------------------------------
 
-    def _decide(self) -> Change | str:
-        """Rank zero: the next trial, or why the loop stops."""
+    def _decide(self) -> Decision:
+        """Rank zero: the next trial, or why the loop stops (``Try`` or ``Stop``).
+
+        The loop asks for what it cannot know itself: the loader measured alone (training
+        waits for it) and the next allowed math knob; each is answered once.
+        """
         if self.loader is None:
-            return "the train loader cannot be switched (see notes)"
+            return Stop("the train loader cannot be switched (see notes)")
         cost = self._cost()
         if cost.left_s <= 0:
-            return f"tuning cost budget spent: {cost.cost_s:.1f} s of {cost.budget_s or 0:.1f} s"
+            spent = f"{cost.cost_s:.1f} s of {cost.budget_s or 0:.1f} s"
+            return Stop(f"tuning cost budget spent: {spent}")
         settings = self.knobs.context()
-        wants_plan = self.config.tune_loader and self.loader_plan is None
-        plan = self._plan_change if wants_plan else None
         device = self.monitor.context.device_type
-        return self.loop.decide(
-            settings,
-            device_type=device,
-            loader_plan=plan,
-            math=lambda kind: math_trial.math_change(self, kind),
-        )
+        wants_plan = self.config.tune_loader and self.loader_plan is None
+        plan: Try | Ask | None = ASK if wants_plan else None
+        math: Try | Ask | None = ASK
+        while True:
+            decision = self.loop.decide(settings, device_type=device, plan=plan, math=math)
+            if isinstance(decision, MeasureLoader):
+                plan = self._plan_change()
+            elif isinstance(decision, AskMath):
+                math = math_trial.math_change(self, decision.kind)
+            else:
+                return decision
 
-    def _plan_change(self) -> Change | None:
+    def _plan_change(self) -> Try | None:
         """``tune_dataloader`` against the reference window's consumption rate: the trial, if any.
 
         Training waits while the loader is measured, so the time counts as blocked in the cost

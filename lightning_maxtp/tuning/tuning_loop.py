@@ -17,8 +17,8 @@ actually in force.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
@@ -38,7 +38,19 @@ from lightning_maxtp.tuning.trials import (
     next_change,
 )
 
-__all__ = ["DATA_KINDS", "Change", "TuningLoop", "in_force", "window_rate"]
+__all__ = [
+    "ASK",
+    "DATA_KINDS",
+    "Ask",
+    "AskMath",
+    "Decision",
+    "MeasureLoader",
+    "Stop",
+    "Try",
+    "TuningLoop",
+    "in_force",
+    "window_rate",
+]
 
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
@@ -46,8 +58,69 @@ DATA_KINDS = ("data_pipeline", "storage")
 CONVERGED = ("no bottleneck above threshold", "no auto-applicable knob left", "max_trials=")
 """Stop reasons that mean nothing was left to try (the settings are worth carrying)."""
 
-Change = tuple[str, dict[str, Any], str]
-"""``(knob, new settings, reason)``: one trial to run."""
+
+@dataclass(frozen=True)
+class Try:
+    """Start a trial: switch to ``settings`` (one knob's, or the loader plan's several)."""
+
+    knob: str
+    settings: dict[str, Any]
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"knob": self.knob, "settings": dict(self.settings), "why": self.why}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Tuning is over, for ``reason``."""
+
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"reason": self.reason}
+
+
+@dataclass(frozen=True)
+class MeasureLoader:
+    """The reference is data-bound: measure the loader alone, then decide again.
+
+    The answer is ``decide(plan=...)`` with the trial the measurement proposes, or ``None``.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {}
+
+
+@dataclass(frozen=True)
+class AskMath:
+    """No loader or thread knob is left: find the next allowed math knob, then decide again.
+
+    For the ``kind`` bottleneck; the answer is ``decide(math=...)`` with its trial, or ``None``.
+    """
+
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {"kind": self.kind}
+
+
+Decision = Try | Stop | MeasureLoader | AskMath
+"""What ``decide`` returns: a trial, the end of tuning, or a question for the caller."""
+
+
+class Ask(Enum):
+    """The one value ``ASK``: a question ``decide`` may put to its caller."""
+
+    ASK = "ask"
+
+
+ASK = Ask.ASK
+"""``decide(plan=ASK)`` / ``decide(math=ASK)``: ask for it when it is needed."""
 
 
 def window_rate(window: Window) -> float:
@@ -252,29 +325,33 @@ class TuningLoop:
         settings: dict[str, Any],
         *,
         device_type: str,
-        loader_plan: Callable[[], Change | None] | None = None,
-        math: Callable[[str], Change | None] | None = None,
-    ) -> Change | str:
-        """The next trial, or why the loop stops (rank zero decides under DDP).
+        plan: Try | Ask | None = None,
+        math: Try | Ask | None = None,
+    ) -> Decision:
+        """The next trial, why the loop stops, or what it needs to know first (pure).
+
+        Rank zero decides under DDP. It never blocks: measuring the loader alone and finding a
+        math knob are the caller's, asked for as ``MeasureLoader`` and ``AskMath`` and answered
+        by calling again with ``plan=`` or ``math=``.
 
         Args:
             settings: The loader's settings now in force.
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
-            loader_plan: Called once, when the reference is data-bound, for the change
-                ``tune_dataloader`` proposes; ``None`` once it has been asked.
-            math: Called with the top diagnosis's kind when no loader or thread knob is left,
-                for the next allowed math knob (``allow``).
+            plan: ``ASK`` to have the loader measured alone when the reference is data-bound;
+                then the trial that measurement proposes, or ``None`` (none, or not wanted).
+            math: ``ASK`` to be asked for a math knob when no loader or thread knob is left;
+                then its trial, or ``None`` (none, or not wanted).
         """
+        if isinstance(plan, Try):
+            return plan
         elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
         if len(self.trials) >= self.config.max_trials:
-            return f"max_trials={self.config.max_trials} reached"
+            return Stop(f"max_trials={self.config.max_trials} reached")
         if elapsed >= self.config.time_budget_s:
-            return f"time_budget_s={self.config.time_budget_s:g} spent"
+            return Stop(f"time_budget_s={self.config.time_budget_s:g} spent")
         found = self.ref_found
-        if loader_plan is not None and found and found[0].kind.value in DATA_KINDS:
-            planned = loader_plan()
-            if planned is not None:
-                return planned
+        if plan is ASK and found and found[0].kind.value in DATA_KINDS:
+            return MeasureLoader()
         change = next_change(
             found,
             settings,
@@ -283,15 +360,16 @@ class TuningLoop:
             max_workers=self.config.max_workers,
         )
         kind = found[0].kind.value if found else "unknown"
-        planned = math(kind) if change is None and math is not None else None
-        if planned is not None:
-            return planned
+        if change is None and math is ASK:
+            return AskMath(kind)
+        if change is None and isinstance(math, Try):
+            return math
         if change is None:
             if kind == "healthy":
-                return "no bottleneck above threshold: nothing to tune"
-            return f"no auto-applicable knob left for the {kind} bottleneck"
+                return Stop("no bottleneck above threshold: nothing to tune")
+            return Stop(f"no auto-applicable knob left for the {kind} bottleneck")
         knob, value, reason = change
-        return knob, {knob: value}, reason
+        return Try(knob, {knob: value}, reason)
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over: from now on the loop only monitors.

@@ -17,7 +17,14 @@ from lightning_maxtp.observe import (
 from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.judge import judge
 from lightning_maxtp.tuning.trials import KnobTrial, remaining
-from lightning_maxtp.tuning.tuning_loop import TuningLoop
+from lightning_maxtp.tuning.tuning_loop import (
+    ASK,
+    AskMath,
+    MeasureLoader,
+    Stop,
+    Try,
+    TuningLoop,
+)
 
 SETTINGS = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
             "persistent_workers": False}  # fmt: skip
@@ -64,7 +71,7 @@ def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     assert lp.phase == "baseline" and lp.measuring
     lp.record_baseline(window(100.0), data_bound())
     change = lp.decide(SETTINGS, device_type="cpu")
-    assert change == ("num_workers", {"num_workers": 1}, "a worker overlaps loading")
+    assert change == Try("num_workers", {"num_workers": 1}, "a worker overlaps loading")
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=12)
     assert lp.phase == "settle" and not lp.measuring
     # R1 = 100 ms, T1 = 50 ms: looks like 2x; re-measure the reference, then the trial.
@@ -84,7 +91,7 @@ def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     noise = max(abs(1 / 10 - 1 / 9.8) / ref, abs(1 / 5 - 1 / 5.2) / new)
     assert trial.noise == pytest.approx(noise) and trial.gain > 2 * noise
     settings = SETTINGS | {"num_workers": 1, "prefetch_factor": 2}
-    assert lp.decide(settings, device_type="cpu") == (
+    assert lp.decide(settings, device_type="cpu") == Stop(
         "no auto-applicable knob left for the compute bottleneck"
     )
     lp.stop("done")
@@ -135,7 +142,7 @@ def test_after_a_revert_the_reference_window_decides_not_the_reverted_trial() ->
     assert isinstance(trial, KnobTrial)
     assert not trial.kept and trial.windows == 2 and ("num_workers", "1") in lp.tried
     reason = lp.decide(SETTINGS, device_type="cpu")
-    assert reason == "no auto-applicable knob left for the data_pipeline bottleneck"
+    assert reason == Stop("no auto-applicable knob left for the data_pipeline bottleneck")
     # prefetch needs workers: it is neither tried nor left in the report for a 0-worker loader.
     left = remaining(data_bound(), lp.tried, SETTINGS)[0].recommendations
     assert [r.knob for r in left] == ["decode"]
@@ -184,25 +191,37 @@ def test_judge_reads_alternating_windows(rates: list[float], expected: tuple[str
 def test_limits_stop_the_loop_and_the_user_worker_cap_applies() -> None:
     lp = loop(max_trials=0)
     lp.record_baseline(window(100.0), data_bound())
-    assert lp.decide(SETTINGS, device_type="cpu") == "max_trials=0 reached"
+    assert lp.decide(SETTINGS, device_type="cpu") == Stop("max_trials=0 reached")
     capped = loop(max_workers=0)
     capped.record_baseline(window(100.0), data_bound())
-    assert capped.decide(SETTINGS, device_type="cpu") == (
+    assert capped.decide(SETTINGS, device_type="cpu") == Stop(
         "no auto-applicable knob left for the data_pipeline bottleneck"
     )
-    asked: list[bool] = []
-
-    def plan() -> tuple[str, dict[str, object], str]:
-        asked.append(True)
-        return "loader plan", {"num_workers": 4}, "4 workers reach the target"
-
+    plan = Try("loader plan", {"num_workers": 4}, "4 workers reach the target")
     planned = loop()
     planned.record_baseline(window(100.0), data_bound())
-    assert planned.decide(SETTINGS, device_type="cpu", loader_plan=plan)[0] == "loader plan"
-    assert asked == [True]
+    # Data-bound: the loop asks for the loader measured alone, then tries what it proposes.
+    assert planned.decide(SETTINGS, device_type="cpu", plan=ASK) == MeasureLoader()
+    assert planned.decide(SETTINGS, device_type="cpu", plan=plan) == plan
+    nothing = planned.decide(SETTINGS, device_type="cpu", plan=None)  # it proposed nothing
+    assert nothing == Try("num_workers", {"num_workers": 1}, "a worker overlaps loading")
     unplanned = loop()
     unplanned.record_baseline(window(100.0), compute())  # not data-bound: no loader measurement
-    assert unplanned.decide(SETTINGS, device_type="cpu", loader_plan=plan) == (
+    assert unplanned.decide(SETTINGS, device_type="cpu", plan=ASK) == Stop(
         "no auto-applicable knob left for the compute bottleneck"
     )
-    assert asked == [True]
+
+
+def test_math_knobs_are_asked_for_only_when_no_loader_knob_is_left() -> None:
+    lp = loop()
+    lp.record_baseline(window(100.0), compute())
+    assert lp.decide(SETTINGS, device_type="cpu", math=ASK) == AskMath("compute")
+    bf16 = Try("precision", {"precision": "bf16-mixed"}, "compute bottleneck: mixed precision")
+    assert lp.decide(SETTINGS, device_type="cpu", math=bf16) == bf16
+    assert lp.decide(SETTINGS, device_type="cpu", math=None) == Stop(
+        "no auto-applicable knob left for the compute bottleneck"
+    )
+    data = loop()
+    data.record_baseline(window(100.0), data_bound())  # a loader knob is left: no question
+    assert isinstance(data.decide(SETTINGS, device_type="cpu", math=ASK), Try)
+    assert Stop("x").to_dict() == {"reason": "x"} and bf16.to_dict()["knob"] == "precision"
