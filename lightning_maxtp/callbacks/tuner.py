@@ -47,6 +47,8 @@ from lightning_maxtp.tuning.tuning_loop import (
     AskMath,
     Decision,
     MeasureLoader,
+    Remeasure,
+    Step,
     Stop,
     Try,
     TuningLoop,
@@ -428,14 +430,15 @@ class Tuner:
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
 
     def _continue_trial(
-        self, verdict: str, window: Window, found: tuple[Any, ...], check: Any = None
+        self, verdict: Step, window: Window, found: tuple[Any, ...], check: Any = None
     ) -> bool:
         """Act on a trial window's verdict; ``True`` while the trial goes on (re-measuring)."""
         assert self.loader is not None and self.loop.pending is not None
         old, new = self.loop.pending
         trial = self.loop.advance(verdict, window, found, check)
         if trial is None:  # looked like a gain: re-measure the reference, then the trial
-            target, what = (old, "the reference") if verdict == "old" else (new, "the trial")
+            again = isinstance(verdict, Remeasure) and verdict.settings == "old"
+            target, what = (old, "the reference") if again else (new, "the trial")
             current = self.knobs.current(target)
             self.knobs.request(**target)
             self.monitor.clock.update_context(**self.knobs.context())

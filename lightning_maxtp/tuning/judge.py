@@ -7,14 +7,14 @@ for a finished trial.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.tuning.cost import lost_s
 
 if TYPE_CHECKING:
     from lightning_maxtp.observe.window import Window
 
-__all__ = ["NOISE_FACTOR", "THIRD_PAIR_GAIN", "judge", "judged"]
+__all__ = ["NOISE_FACTOR", "THIRD_PAIR_GAIN", "Outcome", "judge", "judged"]
 
 
 NOISE_FACTOR = 2.0
@@ -27,7 +27,11 @@ THIRD_PAIR_GAIN = 2.0
 third pair before the verdict."""
 
 
-def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
+Outcome = Literal["old", "new", "kept", "reverted", "undecided"]
+"""``judge``'s answer: measure again with the ``old`` or ``new`` settings, or a verdict."""
+
+
+def judge(rates: list[float], min_gain: float) -> tuple[Outcome, float | None]:
     """What to do after a trial's windows: measure again, or the verdict, and the noise.
 
     ``rates`` alternate reference and trial settings, the reference first (``R1, T1``, then
@@ -73,7 +77,7 @@ def judge(rates: list[float], min_gain: float) -> tuple[str, float | None]:
     return "undecided", noise
 
 
-def _third_pair(rates: list[float], min_gain: float) -> tuple[str, float | None]:
+def _third_pair(rates: list[float], min_gain: float) -> tuple[Outcome, float | None]:
     """The verdict from three pairs: ranks and medians (see ``judge``)."""
     refs, trials = sorted(rates[0::2]), sorted(rates[1::2])
     ref, trial = refs[1], trials[1]

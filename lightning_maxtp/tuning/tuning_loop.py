@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
@@ -45,6 +45,8 @@ __all__ = [
     "AskMath",
     "Decision",
     "MeasureLoader",
+    "Remeasure",
+    "Step",
     "Stop",
     "Try",
     "TuningLoop",
@@ -109,6 +111,16 @@ class AskMath:
         return {"kind": self.kind}
 
 
+@dataclass(frozen=True)
+class Remeasure:
+    """A trial window looked like a gain: measure again, with the ``old`` or ``new`` settings."""
+
+    settings: Literal["old", "new"]
+
+
+Step = Remeasure | Verdict
+"""What a trial window decides: measure again, or how the trial ended."""
+
 Decision = Try | Stop | MeasureLoader | AskMath
 """What ``decide`` returns: a trial, the end of tuning, or a question for the caller."""
 
@@ -138,7 +150,7 @@ class _Trial:
     why: str
     step: int
     windows: list[tuple[Window, tuple[Diagnosis, ...]]] = field(default_factory=list)
-    measuring: str = "new"
+    measuring: Literal["old", "new"] = "new"
     """Which settings the window being measured runs with: ``"new"`` or ``"old"``."""
     settle_steps: int = 0
     guard: Any = None  # the numerics guard's last check of a window under the new settings
@@ -251,19 +263,22 @@ class TuningLoop:
         """``(old, new)`` settings of the trial under way."""
         return None if self._trial is None else (self._trial.old, self._trial.new)
 
-    def judge(self, window: Window) -> str:
+    def judge(self, window: Window) -> Step:
         """Rank zero: what this trial window decides (see ``judge.judge``).
 
         Returns:
-            ``"old"``/``"new"`` (measure again with those settings) or the verdict ``"kept"``,
-            ``"reverted"`` or ``"undecided"``.
+            ``Remeasure("old")``/``Remeasure("new")`` (measure again with those settings) or the
+            verdict ``"kept"``, ``"reverted"`` or ``"undecided"``.
         """
         assert self._trial is not None
         rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
-        return judge(rates, self.config.min_gain)[0]
+        outcome = judge(rates, self.config.min_gain)[0]
+        if outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
+            return Remeasure(outcome)
+        return outcome
 
     def advance(
-        self, decision: str, window: Window, found: tuple[Diagnosis, ...], guard: Any = None
+        self, decision: Step, window: Window, found: tuple[Diagnosis, ...], guard: Any = None
     ) -> KnobTrial | None:
         """Record a trial window and act on ``decision`` (rank zero's, broadcast under DDP).
 
@@ -278,12 +293,12 @@ class TuningLoop:
         self._trial.windows.append((window, found))
         if guard is not None:
             self._trial.guard = guard
-        if decision in ("old", "new"):
-            self._trial.measuring = decision
+        if isinstance(decision, Remeasure):
+            self._trial.measuring = decision.settings
             self._settle()
             return None
         assert decision in ("kept", "reverted", "undecided", "guarded"), decision
-        return self._finish(decision)  # type: ignore[arg-type]
+        return self._finish(decision)
 
     def _finish(self, verdict: Verdict) -> KnobTrial:
         """Judge the trial: a kept one becomes the reference, a reverted one is never retried."""

@@ -21,6 +21,7 @@ from lightning_maxtp.tuning.tuning_loop import (
     ASK,
     AskMath,
     MeasureLoader,
+    Remeasure,
     Stop,
     Try,
     TuningLoop,
@@ -75,9 +76,9 @@ def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=12)
     assert lp.phase == "settle" and not lp.measuring
     # R1 = 100 ms, T1 = 50 ms: looks like 2x; re-measure the reference, then the trial.
-    assert lp.judge(window(50.0)) == "old"
+    assert lp.judge(window(50.0)) == Remeasure("old")
     assert measure(lp, 50.0, compute()) is None
-    assert lp.judge(window(98.0)) == "new"
+    assert lp.judge(window(98.0)) == Remeasure("new")
     assert measure(lp, 98.0, data_bound()) is None
     trial = measure(lp, 52.0, compute())
     assert isinstance(trial, KnobTrial)
