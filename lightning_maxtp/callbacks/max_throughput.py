@@ -22,7 +22,6 @@ from typing_extensions import override
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.loader_trial import plan_line
-from lightning_maxtp.callbacks.math_trial import grow_batch
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.callbacks.tuner import Tuner
 from lightning_maxtp.loader.switchable import SwitchableLoader
@@ -231,7 +230,7 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.batch_plan = grow_batch(self._tuner, trainer)
+        self.batch_plan = self._tuner.math_trials.grow_batch(trainer)
         if self.batch_plan is not None and self.verbose:
             rank_zero_info(str(self.batch_plan))
 

@@ -15,7 +15,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
-from lightning_maxtp.callbacks import math_trial
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import (
@@ -26,6 +25,7 @@ from lightning_maxtp.callbacks.loader_trial import (
     plan_change,
 )
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
+from lightning_maxtp.callbacks.math_trial import MathTrials
 from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.knobs.registry import GUARDED
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
@@ -105,9 +105,9 @@ class Tuner:
         self.knobs = Knobs(lambda: self.loader, self.math)
         self.guard = NumericsGuard()
         self.guard.enabled = bool(GUARDED & set(allowed))
+        self.math_trials = MathTrials(config, self.loop, monitor, self.knobs, self.guard, self)
         self.window_losses: list[float] = []
         """The losses of the window being handed to ``measured``/``monitored``."""
-        self.switch_from = 0
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
@@ -181,7 +181,9 @@ class Tuner:
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
-            math_trial.count_switch(self)
+            switch_s = self.math_trials.switch_cost_s()
+            if switch_s:
+                self.cost = dataclasses.replace(self.cost, switch_s=self.cost.switch_s + switch_s)
             self.monitor.restart_window()
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
@@ -190,7 +192,7 @@ class Tuner:
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
         loop = self.loop
-        check = math_trial.guard_window(self, trainer, self.window_losses)
+        check = self.math_trials.guard_window(trainer, self.window_losses)
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
             self._budget(trainer, window)
@@ -228,7 +230,7 @@ class Tuner:
         if self._tuning_span:  # the steps measured from the baseline on (validation excluded)
             steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
             self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
-        trial = self.loop.end(math_trial.closing_check(self))
+        trial = self.loop.end(self.math_trials.closing_check())
         if trial is not None:
             self._finish_trial(trial)
         self.knobs.threads.restore()  # process state: the next fit starts as this one did
@@ -239,7 +241,7 @@ class Tuner:
         self.final.append((window, found))
         if self.loop.finished:
             self.watch_drift(window)
-            math_trial.watch(self, self.window_losses)
+            self.math_trials.watch(self.window_losses)
 
     def watch_drift(self, window: Window) -> None:
         """After tuning: note (once) a window much slower than the tuned rate."""
@@ -320,6 +322,10 @@ class Tuner:
             self.notes.append(text)
             self.say(text)
 
+    def drop_notes(self, prefix: str) -> None:
+        """Forget the notes starting with ``prefix`` (no longer true)."""
+        self.notes[:] = [n for n in self.notes if not n.startswith(prefix)]
+
     def say(self, text: str) -> None:
         """One line of the loop's progress (rank zero, when verbose)."""
         if self.verbose:
@@ -344,13 +350,15 @@ class Tuner:
         device = self.monitor.context.device_type
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan: Try | Ask | None = ASK if wants_plan else None
-        math: Try | Ask | None = ASK
+        math_knob: Try | Ask | None = ASK
         while True:
-            decision = self.loop.decide(settings, device_type=device, plan=plan, math=math)
+            decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
             if isinstance(decision, MeasureLoader):
                 plan = self._plan_change()
             elif isinstance(decision, AskMath):
-                math = math_trial.math_change(self, decision.kind)
+                cost_now = self.summary.cost
+                left = cost_now.left_s if cost_now is not None else math.inf
+                math_knob = self.math_trials.change(decision.kind, left)
             else:
                 return decision
 
@@ -414,7 +422,7 @@ class Tuner:
         assert self.loader is not None
         old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
-        math_trial.start(self, trainer, knob)
+        self.math_trials.start(trainer, knob)
         self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.monitor.clock.update_context(**self.knobs.context())
@@ -424,7 +432,7 @@ class Tuner:
             new,
             why,
             trainer.global_step,
-            settle_steps=math_trial.settle_steps(self, knob),
+            settle_steps=self.math_trials.settle_steps(knob),
         )
         self.record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
@@ -457,7 +465,7 @@ class Tuner:
         if not trial.kept and current != old:
             self.knobs.request(**old)
             self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
-        math_trial.after_trial(self, trial)  # the guard's restore, after the knob is undone
+        self.math_trials.after_trial(trial)  # the guard's restore, after the knob is undone
         self.monitor.clock.update_context(**self.knobs.context())
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:

@@ -87,12 +87,16 @@ def test_the_guard_fails_non_finite_losses_and_a_loss_out_of_the_band() -> None:
 def test_a_compile_skipped_for_budget_is_no_longer_noted_once_it_is_tried() -> None:
     from types import SimpleNamespace
 
-    from lightning_maxtp.callbacks import math_trial
+    from lightning_maxtp.callbacks.math_trial import MathTrials
 
     note = "compile not tried: less tuning budget left than it needs (30 s)"
-    tuner = SimpleNamespace(
-        notes=[note, "other"], monitor=SimpleNamespace(clock=SimpleNamespace(step_log=[1, 2])),
-        guard=SimpleNamespace(enabled=False),
-    )  # fmt: skip
-    math_trial.start(tuner, None, "compile")  # type: ignore[arg-type]
-    assert tuner.notes == ["other"] and tuner.switch_from == 2
+    notes = [note, "other"]
+    log = SimpleNamespace(
+        drop_notes=lambda prefix: notes.__setitem__(
+            slice(None), [n for n in notes if not n.startswith(prefix)]
+        )
+    )
+    monitor = SimpleNamespace(clock=SimpleNamespace(step_log=[1, 2]))
+    trials = MathTrials(None, None, monitor, None, SimpleNamespace(enabled=False), log)  # type: ignore[arg-type]
+    trials.start(None, "compile")  # type: ignore[arg-type]
+    assert notes == ["other"] and trials.switch_from == 2
