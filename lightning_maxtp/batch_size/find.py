@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp._log import prefixed, rank_zero_info
@@ -28,7 +29,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from lightning_maxtp.batch_size.global_batch import GlobalBatchDecision
+    from lightning_maxtp.batch_size.search import SearchOutcome
+    from lightning_maxtp.batch_size.snapshot import TrainingState
     from lightning_maxtp.batch_size.steps import LossFn
+    from lightning_maxtp.batch_size.subject import Subject
 
 __all__ = ["find_batch_size"]
 
@@ -135,14 +140,9 @@ def find_batch_size(
         target_global_batch_size=target_global_batch_size,
     )
     start = time.perf_counter()
-    import torch
-
     from lightning_maxtp.batch_size.global_batch import decide_global_batch
-    from lightning_maxtp.batch_size.oom import free_memory, frozen_heap
-    from lightning_maxtp.batch_size.search import search_batch_size
     from lightning_maxtp.batch_size.snapshot import TrainingState
-    from lightning_maxtp.batch_size.subject import from_trainer, memory_limit, standalone
-    from lightning_maxtp.batch_size.trial import TrialRunner
+    from lightning_maxtp.batch_size.subject import from_trainer, standalone
 
     if trainer is not None:
         subject, fetch = from_trainer(model, trainer, batch, batch_arg_name)
@@ -161,6 +161,74 @@ def find_batch_size(
         lr_scaling=lr_scaling,
         lr_warmup_steps=lr_warmup_steps,
     )
+    outcome, cap, limit = _search(
+        subject,
+        state,
+        fetch,
+        decide,
+        notes,
+        init_batch_size=init_batch_size,
+        max_batch_size=max_batch_size,
+        margin=margin,
+        tolerance=tolerance,
+        steps_per_trial=steps_per_trial,
+        time_budget_s=time_budget_s,
+    )
+    if outcome.fastest is None:
+        failed = min((t for t in outcome.trials if not t.fits), key=lambda t: t.batch_size)
+        raise RuntimeError(
+            f"no batch size fits: batch {failed.batch_size} already failed ({failed.error}); "
+            "free memory (a smaller model, activation checkpointing, lower precision)"
+        )
+    if outcome.budget_exhausted:
+        notes.append(f"the time budget of {time_budget_s:g} s ended the search early")
+    decision = decide(
+        previous_batch_size=subject.previous_batch_size,
+        fastest=outcome.fastest,
+        safe_max=outcome.safe_max,
+    )
+    plan = _plan(
+        outcome,
+        decision,
+        subject,
+        global_batch=global_batch,
+        margin=margin,
+        tolerance=tolerance,
+        cap=cap,
+        limit=limit,
+        seconds=time.perf_counter() - start,
+        notes=notes,
+    )
+    _announce(plan, trainer)
+    return plan
+
+
+def _search(
+    subject: Subject,
+    state: TrainingState,
+    fetch: Callable[[], Any] | None,
+    decide: Callable[..., GlobalBatchDecision],
+    notes: list[str],
+    *,
+    init_batch_size: int,
+    max_batch_size: int,
+    margin: float,
+    tolerance: float,
+    steps_per_trial: int,
+    time_budget_s: float,
+) -> tuple[SearchOutcome, int, int | None]:
+    """Run the trials: the search's outcome, the cap it searched up to and the memory limit.
+
+    The state before the search is restored afterwards, whatever happens; a cap from the data
+    set's size is added to ``notes``.
+    """
+    import torch
+
+    from lightning_maxtp.batch_size.oom import free_memory, frozen_heap
+    from lightning_maxtp.batch_size.search import search_batch_size
+    from lightning_maxtp.batch_size.subject import memory_limit
+    from lightning_maxtp.batch_size.trial import TrialRunner
+
     try:
         with contextlib.ExitStack() as stack:
             for context in subject.contexts:
@@ -201,19 +269,23 @@ def find_batch_size(
         for restore in subject.restore_extra:
             restore()
         free_memory(subject.device, collect=False)  # each failed trial was collected already
-    if outcome.fastest is None:
-        failed = min((t for t in outcome.trials if not t.fits), key=lambda t: t.batch_size)
-        raise RuntimeError(
-            f"no batch size fits: batch {failed.batch_size} already failed ({failed.error}); "
-            "free memory (a smaller model, activation checkpointing, lower precision)"
-        )
-    if outcome.budget_exhausted:
-        notes.append(f"the time budget of {time_budget_s:g} s ended the search early")
-    decision = decide(
-        previous_batch_size=subject.previous_batch_size,
-        fastest=outcome.fastest,
-        safe_max=outcome.safe_max,
-    )
+    return outcome, cap, limit
+
+
+def _plan(
+    outcome: SearchOutcome,
+    decision: GlobalBatchDecision,
+    subject: Subject,
+    *,
+    global_batch: str,
+    margin: float,
+    tolerance: float,
+    cap: int,
+    limit: int | None,
+    seconds: float,
+    notes: list[str],
+) -> BatchSizePlan:
+    """The plan from the search's outcome and the global-batch decision."""
     fields: dict[str, Any] = dict(
         batch_size=decision.batch_size,
         accumulate_grad_batches=decision.accumulate_grad_batches,
@@ -239,12 +311,10 @@ def find_batch_size(
         tolerance=tolerance,
         max_batch_size=cap,
         memory_limit_bytes=limit,
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         notes=(*notes, *decision.notes),
     )
-    plan = BatchSizePlan(**fields, changes=plan_changes(fields))
-    _announce(plan, trainer)
-    return plan
+    return BatchSizePlan(**fields, changes=plan_changes(fields))
 
 
 def _announce(plan: BatchSizePlan, trainer: pl.Trainer | None) -> None:

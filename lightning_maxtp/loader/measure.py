@@ -234,6 +234,31 @@ def _measure(
         worker_memory = _worker_memory(iterator) if num_workers else None
     finally:
         _shutdown(dl, iterator)
+    return _candidate(
+        segments,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        startup_s=startup_s,
+        wait_share=wait_share,
+        worker_memory=worker_memory,
+        facts=(per_batch, batch_bytes, pixel_dtype),
+    )
+
+
+def _candidate(
+    segments: list[list[_Fetch]],
+    *,
+    num_workers: int,
+    prefetch_factor: int | None,
+    pin_memory: bool,
+    startup_s: float,
+    wait_share: float,
+    worker_memory: int | None,
+    facts: tuple[int, int, str | None],
+) -> LoaderCandidate:
+    """The candidate from its timed fetches: the steady rate, the main thread's share, memory."""
+    per_batch, batch_bytes, pixel_dtype = facts
     rate, batches, timed_s, main_cpu_s, samples = _steady(segments, bursts=num_workers > 0)
     # With 0 workers all loading is serial with training (wall time: it may wait on I/O);
     # with workers only the hand-off runs on the main thread, which is CPU time.

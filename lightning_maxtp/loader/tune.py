@@ -21,6 +21,7 @@ from lightning_maxtp.loader.plan import LoaderPlan
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from lightning_maxtp.loader.budget import Limits
     from lightning_maxtp.loader.candidate import SearchResult
     from lightning_maxtp.observe.data_path import DataPathAdvice
     from lightning_maxtp.resources.probe import Resources
@@ -132,25 +133,17 @@ def tune_dataloader(
         ValueError: For invalid arguments, an empty loader, or a dataset that cannot be sent
             to workers started with ``spawn``/``forkserver`` (the message names the attribute).
     """
-    from torch.utils.data import DataLoader, IterableDataset
+    from torch.utils.data import DataLoader
 
     from lightning_maxtp.loader import measure as lm
-    from lightning_maxtp.loader.budget import budget_from, limits_from
-    from lightning_maxtp.loader.explain import explain
-    from lightning_maxtp.loader.order import (
-        keeps_order_when_persistent,
-        persistence,
-        preserved_rng,
-    )
+    from lightning_maxtp.loader.budget import limits_from
     from lightning_maxtp.loader.pickling import check_picklable
-    from lightning_maxtp.loader.search import search
     from lightning_maxtp.resources.probe import inspect_resources
 
     if not isinstance(loader, DataLoader):
         raise ValueError(f"`loader` must be a torch DataLoader, got {type(loader).__name__}")
     _validate(consumption_rate, time_budget_s, max_workers, local_world_size, memory_budget_bytes)
     started = time.perf_counter()
-    deadline = started + time_budget_s
     limits = limits_from(
         resources if resources is not None else inspect_resources(),
         max_workers=max_workers,
@@ -164,6 +157,47 @@ def tune_dataloader(
     method = lm.start_method(loader)
     if method != "fork" and limits.cpu_workers > 0:
         check_picklable(loader, method)
+    result, data_path = _search(
+        loader,
+        limits,
+        consumption_rate=consumption_rate,
+        time_budget_s=time_budget_s,
+        deadline=started + time_budget_s,
+        pin_memory=pin_memory,
+        hard_cap=max_workers,
+    )
+    return _plan(
+        loader,
+        result,
+        limits,
+        method,
+        consumption_rate=consumption_rate,
+        time_budget_s=time_budget_s,
+        pin_memory=pin_memory,
+        data_path=data_path,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _search(
+    loader: DataLoader[Any],
+    limits: Limits,
+    *,
+    consumption_rate: float | None,
+    time_budget_s: float,
+    deadline: float,
+    pin_memory: bool,
+    hard_cap: int | None,
+) -> tuple[SearchResult, DataPathAdvice | None]:
+    """Measure candidates within ``limits`` until ``deadline``.
+
+    Returns the search's result and the data path that fits when even the fastest setting is
+    short (both measured inside the loader's preserved random state).
+    """
+    from lightning_maxtp.loader import measure as lm
+    from lightning_maxtp.loader.order import preserved_rng
+    from lightning_maxtp.loader.search import search
+
     top = max(limits.cpu_workers, limits.ceiling_workers or 0, 1)
     # Doubling up to the budget, a step or two past it, the own setting: one slice each.
     steps = 6 + math.ceil(math.log2(top))
@@ -178,7 +212,7 @@ def tune_dataloader(
             loader,
             num_workers=workers,
             prefetch_factor=prefetch,
-            pin_memory=bool(pin_memory),
+            pin_memory=pin_memory,
             threads=max(1, limits.probe_workers // max(workers, 1)),
             slice_s=slice_s,
             deadline=deadline,
@@ -186,6 +220,7 @@ def tune_dataloader(
         measured.append(candidate)
         return candidate
 
+    capped = hard_cap is not None and loader.num_workers > hard_cap
     with preserved_rng(loader):
         result = search(
             measure,
@@ -193,14 +228,36 @@ def tune_dataloader(
             consumption_rate=consumption_rate,
             memory_bytes=limits.memory_bytes,
             shm_bytes=limits.shm_bytes,
-            raise_for_io=max_workers is None,
+            raise_for_io=hard_cap is None,
             ceiling=limits.ceiling_workers,
             own=None
-            if max_workers is not None and loader.num_workers > max_workers
+            if capped
             else (loader.num_workers, loader.prefetch_factor if loader.num_workers else None),
         )
         # Inside the preserved random state: timing samples runs the dataset's transforms.
-        data_path = _data_path(loader, result, consumption_rate, bool(pin_memory))
+        data_path = _data_path(loader, result, consumption_rate, pin_memory)
+    return result, data_path
+
+
+def _plan(
+    loader: DataLoader[Any],
+    result: SearchResult,
+    limits: Limits,
+    method: str,
+    *,
+    consumption_rate: float | None,
+    time_budget_s: float,
+    pin_memory: bool,
+    data_path: DataPathAdvice | None,
+    elapsed_s: float,
+) -> LoaderPlan:
+    """The plan from the search's result: the chosen settings, persistence, the reasons."""
+    from torch.utils.data import IterableDataset
+
+    from lightning_maxtp.loader.budget import budget_from
+    from lightning_maxtp.loader.explain import explain
+    from lightning_maxtp.loader.order import keeps_order_when_persistent, persistence
+
     budget = budget_from(result, limits, time_budget_s)
     chosen = result.chosen
     persistent, persistent_why = persistence(
@@ -226,7 +283,7 @@ def tune_dataloader(
     return LoaderPlan(
         num_workers=workers,
         prefetch_factor=prefetch if workers else None,
-        pin_memory=bool(pin_memory),
+        pin_memory=pin_memory,
         persistent_workers=persistent and workers > 0,
         worker_threads=max(1, limits.probe_workers // workers) if workers else 0,
         samples_per_s=chosen.samples_per_s if chosen else 0.0,
@@ -240,7 +297,7 @@ def tune_dataloader(
         budget=budget,
         candidates=result.candidates,
         before={k: getattr(loader, k) for k in LOADER_KNOBS},
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=elapsed_s,
         notes=tuple(notes),
         data_path=data_path,
     )
