@@ -46,6 +46,16 @@ def test_checked_is_the_release_range_pyproject_allows(version: str, checked: bo
     assert compat_version.lightning_checked(version) is checked
 
 
+def test_inside_the_range_no_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    monkeypatch.setattr(lightning, "__version__", "2.6.9")
+    compat_version._warn_unchecked.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        compat_version.warn_if_lightning_unchecked()
+
+
 def test_outside_the_range_one_warning_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_maxtp.loader import lightning_hook
 
