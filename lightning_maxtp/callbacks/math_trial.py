@@ -106,7 +106,8 @@ class MathTrials:
             if spec.before_fit:  # chosen before the fit (``find_batch_size``)
                 continue
             offer = self.math.offer(knob)
-            if not isinstance(offer, NotOffered) and left_s < spec.min_budget_s:
+            short = spec.min_budget_s and left_s < spec.min_budget_s  # an overrun budget too
+            if not isinstance(offer, NotOffered) and short:
                 needs = f"{spec.min_budget_s:.0f} s"
                 offer = NotOffered(f"less tuning budget left than it needs ({needs})")
             if isinstance(offer, NotOffered):

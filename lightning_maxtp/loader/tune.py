@@ -163,7 +163,7 @@ def tune_dataloader(
         consumption_rate=consumption_rate,
         time_budget_s=time_budget_s,
         deadline=started + time_budget_s,
-        pin_memory=pin_memory,
+        pin_memory=bool(pin_memory),
         hard_cap=max_workers,
     )
     return _plan(
@@ -173,9 +173,9 @@ def tune_dataloader(
         method,
         consumption_rate=consumption_rate,
         time_budget_s=time_budget_s,
-        pin_memory=pin_memory,
+        pin_memory=bool(pin_memory),
         data_path=data_path,
-        elapsed_s=time.perf_counter() - started,
+        started=started,
     )
 
 
@@ -249,7 +249,7 @@ def _plan(
     time_budget_s: float,
     pin_memory: bool,
     data_path: DataPathAdvice | None,
-    elapsed_s: float,
+    started: float,
 ) -> LoaderPlan:
     """The plan from the search's result: the chosen settings, persistence, the reasons."""
     from torch.utils.data import IterableDataset
@@ -297,7 +297,7 @@ def _plan(
         budget=budget,
         candidates=result.candidates,
         before={k: getattr(loader, k) for k in LOADER_KNOBS},
-        elapsed_s=elapsed_s,
+        elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
         data_path=data_path,
     )

@@ -100,3 +100,33 @@ def test_a_compile_skipped_for_budget_is_no_longer_noted_once_it_is_tried() -> N
     trials = MathTrials(None, None, monitor, None, SimpleNamespace(enabled=False), log)  # type: ignore[arg-type]
     trials.start(None, "compile")  # type: ignore[arg-type]
     assert notes == ["other"] and trials.switch_from == 2
+
+
+def test_an_overrun_budget_holds_back_only_the_knobs_that_need_one() -> None:
+    from types import SimpleNamespace
+
+    from lightning_maxtp.callbacks.math_trial import MathTrials
+    from lightning_maxtp.knobs import Offer
+    from lightning_maxtp.tuning.tuning_loop import Try
+
+    offers = {
+        "precision": Offer("32-true", "bf16-mixed", "half"),
+        "compile": Offer(False, True, "x"),
+    }
+    math = SimpleNamespace(allowed=("precision", "compile"), offer=offers.__getitem__)
+    notes: list[str] = []
+    trials = MathTrials(
+        SimpleNamespace(allow="all"),  # type: ignore[arg-type]
+        SimpleNamespace(tried=set()),  # type: ignore[arg-type]
+        SimpleNamespace(context=SimpleNamespace(device_type="cpu")),  # type: ignore[arg-type]
+        SimpleNamespace(math=math),  # type: ignore[arg-type]
+        SimpleNamespace(enabled=True),  # type: ignore[arg-type]
+        SimpleNamespace(note=notes.append),  # type: ignore[arg-type]
+    )
+    # Measuring the loader alone may overrun the budget: a knob that needs none is still tried.
+    assert trials.change("compute", -1.0) == Try(
+        "precision", {"precision": "bf16-mixed"}, "compute bottleneck: half"
+    )
+    math.allowed = ("compile",)  # compile needs 30 s of budget
+    assert trials.change("compute", 10.0) is None
+    assert notes == ["compile not tried: less tuning budget left than it needs (30 s)"]
