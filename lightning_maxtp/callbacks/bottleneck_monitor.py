@@ -22,6 +22,7 @@ from typing_extensions import override
 from lightning_maxtp._log import prefixed, rank_zero_info
 from lightning_maxtp.callbacks.metrics import window_metrics
 from lightning_maxtp.callbacks.ranks import RankSpread
+from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.step_clock import StepClock
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe import sampler as _sampler
@@ -250,7 +251,7 @@ class BottleneckMonitor(Callback):
             if self.verbose:
                 rank_zero_info(self._report.summary())
             if self.report_dir is not None:
-                self._report.write(self.report_dir)
+                write_report_files(self._report, self.report_dir)
 
     @override
     def on_exception(

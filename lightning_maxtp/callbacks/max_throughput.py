@@ -23,6 +23,7 @@ from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.loader_trial import plan_line
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
+from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.tuner import Tuner
 from lightning_maxtp.loader.switchable import SwitchableLoader
 from lightning_maxtp.observe.capture import CaptureMode
@@ -319,11 +320,12 @@ class MaxThroughputCallback(Callback):
         if trainer.is_global_zero:
             if self.verbose:
                 rank_zero_info(self._report.summary())
+            written = None
             if self.report_dir is not None:
-                self._report.write(self.report_dir)
+                written = write_report_files(self._report, self.report_dir)
         if self.verbose:
             rank_zero_info(str(self.tuning))
-            if self.report_dir is not None:
+            if trainer.is_global_zero and written:
                 rank_zero_info(f"report files in {self.report_dir}")
 
     @override

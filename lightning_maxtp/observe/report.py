@@ -7,6 +7,7 @@ Plain data (no torch): built by the monitor at the end of a fit, or by hand from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -243,6 +244,10 @@ class ThroughputReport:
             written["timeline.png"] = png
         except ImportError:
             note = "timeline.png not written: install the `plot` extra (matplotlib)"
+        except Exception as err:  # noqa: BLE001 (the plot is optional; the report is not)
+            note = f"timeline.png not written: {type(err).__name__}: {err}"
+            with contextlib.suppress(OSError):  # a half-written file would look like a plot
+                png.unlink(missing_ok=True)
         report = self if note is None else _with_note(self, note)
         text = json.dumps(report.to_dict(), indent=2, default=str, allow_nan=False)
         (out / "report.json").write_text(text)
