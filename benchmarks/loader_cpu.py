@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )  # fmt: skip
     params = {
         "dataset": args.dataset, "rounds": args.rounds, "slice_s": args.slice_s,
-        "plan": plan.dataloader_kwargs(), "plan_reason": plan.reason,
+        "plan": plan.settings(), "plan_reason": plan.reason,
         "tuning_s": round(tuning_s, 2), "note": args.note,
     }  # fmt: skip
     result = run_ab(f"loader_cpu_{args.dataset}", configs, rounds=args.rounds, params=params)

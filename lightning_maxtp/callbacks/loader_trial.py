@@ -122,7 +122,7 @@ def measure_loader(
 
 def plan_change(plan: LoaderPlan, settings: dict[str, Any]) -> Try | None:
     """The plan as one trial of ``"loader plan"`` (the settings it changes), or ``None``."""
-    new = {k: v for k, v in plan.dataloader_kwargs().items() if settings.get(k) != v}
+    new = {k: v for k, v in plan.settings().items() if settings.get(k) != v}
     if not new or (not plan.num_workers and not settings["num_workers"]):
         return None
     return Try("loader plan", new, plan.reason.split(". ")[0].rstrip("."))

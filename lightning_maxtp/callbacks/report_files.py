@@ -30,7 +30,7 @@ def write_report_files(report: ThroughputReport, folder: Path) -> dict[str, Path
     """
     try:
         return report.write(folder)
-    except Exception as err:  # noqa: BLE001 (any failure of reporting must spare the fit)
+    except Exception as err:  # any failure of reporting must spare the fit
         rank_zero_warn(
             f"report_dir={str(folder)!r}: the report files were not written "
             f"({type(err).__name__}: {err}); the fit itself finished. Pass a report_dir that "

@@ -44,7 +44,7 @@ class PlanApplier:
         plan = self.plans.get(stage or "")
         if plan is None or not isinstance(dataloader, DataLoader):
             return dataloader
-        overrides = plan.dataloader_kwargs()
+        overrides = plan.settings()
         if plan.num_workers:
             user_fn = dataloader.worker_init_fn or hook.lightning_worker_seeding(trainer)
             forked = start_method_of(dataloader.multiprocessing_context) == "fork"
@@ -52,7 +52,7 @@ class PlanApplier:
                 plan.worker_threads, user_fn, forked=forked
             )
         rebuilt = hook.rebuild_dataloader(dataloader, **overrides)
-        settings = ", ".join(f"{k}={v!r}" for k, v in plan.dataloader_kwargs().items())
+        settings = ", ".join(f"{k}={v!r}" for k, v in plan.settings().items())
         rank_zero_info(f"{stage} DataLoader rebuilt with {settings}")
         return rebuilt
 

@@ -72,7 +72,7 @@ def rebuild_dataloader(dataloader: DataLoader[Any], **overrides: Any) -> DataLoa
         raise ValueError(
             f"cannot rebuild the `{cls.__name__}` to apply the loader plan: {exc} Create the "
             "loader inside the `*_dataloader()` hook (Lightning then records its arguments) or "
-            "apply `plan.dataloader_kwargs()` yourself."
+            "build it with `plan.build(loader)` yourself."
         ) from exc
     params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -86,7 +86,7 @@ def rebuild_dataloader(dataloader: DataLoader[Any], **overrides: Any) -> DataLoa
             raise ValueError(
                 f"cannot set `{key}={value!r}` on `{cls.__name__}`: its `__init__` takes no "
                 f"`{key}` argument; accept `**kwargs` and pass them to `DataLoader.__init__`, or "
-                "apply `plan.dataloader_kwargs()` yourself."
+                "build it with `plan.build(loader)` yourself."
             )
     rebuilt: DataLoader[Any] = reinstantiate_dataloader(dataloader, *positional, **kwargs)
     return rebuilt

@@ -62,18 +62,23 @@ def candidate_loader(
     prefetch_factor: int | None,
     pin_memory: bool,
     threads: int,
+    persistent_workers: bool | None = None,
 ) -> DataLoader[Any]:
-    """A plain DataLoader with the user's data pipeline and the knobs under test."""
+    """A plain DataLoader with the user's data pipeline and the knobs under test.
+
+    ``persistent_workers`` defaults to having workers: then an epoch boundary inside a
+    measurement does not restart them.
+    """
     from torch.utils.data import DataLoader, IterableDataset
 
     workers = num_workers > 0
+    persistent = workers if persistent_workers is None else persistent_workers and workers
     kwargs: dict[str, Any] = {
         "collate_fn": loader.collate_fn,
         "num_workers": num_workers,
         "prefetch_factor": (prefetch_factor or 2) if workers else None,
         "pin_memory": pin_memory,
-        # persistent so that an epoch boundary inside the measurement does not restart workers
-        "persistent_workers": workers,
+        "persistent_workers": persistent,
         "worker_init_fn": WorkerThreadLimit(
             threads, loader.worker_init_fn, forked=start_method(loader) == "fork"
         )
@@ -87,6 +92,10 @@ def candidate_loader(
         kwargs["in_order"] = loader.in_order
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_size is not None:  # DataLoader's own batching: keep it visible as such
+        kwargs.update(
+            batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last
+        )
     elif loader.batch_sampler is not None:
         kwargs["batch_sampler"] = loader.batch_sampler
     else:

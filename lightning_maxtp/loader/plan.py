@@ -1,20 +1,27 @@
 """``LoaderPlan``: DataLoader settings chosen by measurement, with the evidence and the reason.
 
 ``tune_dataloader`` (in ``tune``) returns one; ``apply_loader_plan`` (in ``apply``) makes a
-Trainer rebuild its loaders with it. Plain data: importing this imports neither torch nor
-lightning.
+Trainer rebuild its loaders with it, and outside Lightning ``plan.build(loader)`` or
+``DataLoader(dataset, ..., **plan.dataloader_kwargs())`` give a loader with everything the plan
+measured, the workers' thread limit included. Plain data: importing this imports neither torch
+nor lightning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.loader.budget import LoaderBudget
 from lightning_maxtp.loader.candidate import LOADER_KNOBS, TARGET_MARGIN, LoaderCandidate, rate_text
+from lightning_maxtp.loader.worker_limits import WorkerThreadLimit
 from lightning_maxtp.observe.data_path import DataPathAdvice
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = ["LoaderPlan"]
 
@@ -48,6 +55,10 @@ class LoaderPlan:
         data_path: When the loader falls short, the data path that fits (uint8 to the device,
             GPU decode, pre-encoding) with the numbers behind it; its lines lead the
             recommendations.
+        user_worker_init_fn: The measured loader's own ``worker_init_fn``, run after the thread
+            limit in ``dataloader_kwargs()``'s.
+        forked_workers: Whether the measured loader's workers are forked (torch's and OpenMP's
+            pools then stay at one thread in them; see ``WorkerThreadLimit``).
     """
 
     num_workers: int
@@ -69,27 +80,69 @@ class LoaderPlan:
     elapsed_s: float = 0.0
     notes: tuple[str, ...] = ()
     data_path: DataPathAdvice | None = None
+    user_worker_init_fn: Callable[[int], Any] | None = field(
+        default=None, repr=False, compare=False
+    )
+    forked_workers: bool = False
 
     @property
     def target_rate(self) -> float | None:
         """1.25x the consumption rate, when known."""
         return None if self.consumption_rate is None else TARGET_MARGIN * self.consumption_rate
 
-    def dataloader_kwargs(self) -> dict[str, Any]:
-        """The settings as ``DataLoader`` keyword arguments (thread limits excluded)."""
+    def settings(self) -> dict[str, Any]:
+        """The four DataLoader settings it chose: workers, prefetch, pinning, persistence."""
         return {k: getattr(self, k) for k in LOADER_KNOBS}
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a plain ``DataLoader``: the settings, the workers' thread limit.
+
+        With workers it holds the ``worker_init_fn`` that applies the limit the plan measured
+        with. Without the limit every worker would run BLAS/OpenMP with one thread per CPU, and a
+        numpy-heavy dataset loads many times slower than measured. The returned
+        ``worker_init_fn`` runs the measured loader's own one after the limit; pass the rest
+        (dataset, batch size, sampler, collate) as before::
+
+            loader = DataLoader(dataset, batch_size=64, shuffle=True, **plan.dataloader_kwargs())
+        """
+        kwargs = self.settings()
+        if self.num_workers:
+            kwargs["worker_init_fn"] = WorkerThreadLimit(
+                self.worker_threads, self.user_worker_init_fn, forked=self.forked_workers
+            )
+        return kwargs
+
+    def build(self, loader: DataLoader[Any]) -> DataLoader[Any]:
+        """A new ``DataLoader`` like ``loader`` with everything the plan measured.
+
+        Dataset, sampler (or batch sampler), collate function, batch size, generator, timeout
+        and start method are ``loader``'s; workers, prefetch, pinning, persistence and the
+        workers' thread limit (run before ``loader``'s own ``worker_init_fn``) are the plan's.
+        ``loader`` itself is not changed. Inside Lightning, ``apply_loader_plan`` does this for
+        the Trainer's loaders.
+        """
+        from lightning_maxtp.loader.measure import candidate_loader
+
+        return candidate_loader(
+            loader,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            pin_memory=self.pin_memory,
+            threads=max(1, self.worker_threads),
+            persistent_workers=self.persistent_workers,
+        )
 
     def changes(self) -> list[str]:
         """``"num_workers: 0 -> 4"`` for each setting that differs from the loader's own."""
         return [
             f"{k}: {self.before.get(k)!r} -> {v!r}"
-            for k, v in self.dataloader_kwargs().items()
+            for k, v in self.settings().items()
             if k in self.before and self.before[k] != v
         ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        skip = ("budget", "candidates", "data_path")
+        skip = ("budget", "candidates", "data_path", "user_worker_init_fn")
         data = {k: v for k, v in asdict(self).items() if k not in skip}
         return {
             **data,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.loader.candidate import LOADER_KNOBS, LoaderCandidate
 from lightning_maxtp.loader.plan import LoaderPlan
+from lightning_maxtp.loader.worker_limits import unwrap_worker_init_fn
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -300,4 +301,6 @@ def _plan(
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
         data_path=data_path,
+        user_worker_init_fn=unwrap_worker_init_fn(loader.worker_init_fn),
+        forked_workers=method == "fork",
     )

@@ -244,7 +244,7 @@ class ThroughputReport:
             written["timeline.png"] = png
         except ImportError:
             note = "timeline.png not written: install the `plot` extra (matplotlib)"
-        except Exception as err:  # noqa: BLE001 (the plot is optional; the report is not)
+        except Exception as err:  # the plot is optional, the report is not
             note = f"timeline.png not written: {type(err).__name__}: {err}"
             with contextlib.suppress(OSError):  # a half-written file would look like a plot
                 png.unlink(missing_ok=True)

@@ -19,8 +19,9 @@ def test_a_file_where_report_dir_should_be_warns_and_the_fit_finishes(
     blocker = tmp_path / "report"
     blocker.write_text("a file, not a folder")
     if callback == "tuning":
-        cb = MaxThroughputCallback(warmup_steps=2, window_steps=4, tune_loader=False,
-                                   verbose=False, report_dir=blocker)  # fmt: skip
+        cb = MaxThroughputCallback(
+            warmup_steps=2, window_steps=4, tune_loader=False, verbose=False, report_dir=blocker
+        )
     else:
         cb = BottleneckMonitor(window_steps=4, verbose=False, report_dir=blocker)
     with pytest.warns(UserWarning, match=r"report_dir=.*report.*not written.*fit itself finished"):
