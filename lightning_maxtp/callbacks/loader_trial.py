@@ -120,9 +120,16 @@ def measure_loader(
     )
 
 
-def plan_change(plan: LoaderPlan, settings: dict[str, Any]) -> Try | None:
-    """The plan as one trial of ``"loader plan"`` (the settings it changes), or ``None``."""
+def plan_change(plan: LoaderPlan, settings: dict[str, Any], rate: float) -> Try | None:
+    """The plan as one trial of ``"loader plan"`` (the settings it changes), or ``None``.
+
+    Its expected gain is what the measurement predicts for the job now at ``rate`` samples/s:
+    the slower of the loader's measured rate and the device's consumption.
+    """
     new = {k: v for k, v in plan.settings().items() if settings.get(k) != v}
     if not new or (not plan.num_workers and not settings["num_workers"]):
         return None
-    return Try("loader plan", new, plan.reason.split(". ")[0].rstrip("."))
+    expected = None
+    if plan.consumption_rate is not None and rate > 0 and plan.samples_per_s > 0:
+        expected = min(plan.samples_per_s, plan.consumption_rate) / rate - 1
+    return Try("loader plan", new, plan.reason.split(". ")[0].rstrip("."), expected)

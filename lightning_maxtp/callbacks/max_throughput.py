@@ -280,7 +280,7 @@ class MaxThroughputCallback(Callback):
     ) -> None:
         self._tuner.guard.record(outputs)  # before the window this step may close
         self._monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._tuner.on_step()
+        self._tuner.on_step(trainer)
 
     def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
         loop = self._tuner.loop

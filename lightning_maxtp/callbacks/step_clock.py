@@ -224,6 +224,10 @@ class StepClock(Callback):
         """Steps measured in the window that has not closed yet."""
         return len(self._buf["step"])
 
+    def open_window(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """Step times and samples of the window that has not closed yet."""
+        return tuple(self._buf["step"]), tuple(self._buf["samples"])
+
     def close_window(self, trainer: pl.Trainer, *, min_steps: int = 1) -> Window | None:
         """Close the open window now (a fit ending mid-window), if it has ``min_steps`` steps.
 

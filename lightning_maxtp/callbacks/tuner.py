@@ -34,6 +34,7 @@ from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
 from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.sequential import early_steps
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -176,8 +177,12 @@ class Tuner:
         settings = {**self.loader.settings(), **self.math.in_force}
         return state(settings, machine, loader_key(self.source_loader))
 
-    def on_step(self) -> None:
-        """A training step ended: a measured window may start at this boundary."""
+    def on_step(self, trainer: pl.Trainer) -> None:
+        """A training step ended: a measured window may start at this boundary.
+
+        A step into a trial's first window, it may end early (``_cut_losing``).
+        """
+        self._cut_losing(trainer)
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
@@ -188,6 +193,29 @@ class Tuner:
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
                 self._tuning_span.append(self.monitor.elapsed_s())
+
+    def _cut_losing(self, trainer: pl.Trainer) -> None:
+        """Close a trial's first window early when its steps so far already lose.
+
+        Read once, after ``early_steps`` steps of the window, so that under DDP every rank
+        takes part in the one broadcast at the same step.
+        """
+        loop, clock = self.loop, self.monitor.clock
+        if loop.phase != "trial" or not loop.measuring_new or loop.trial_windows != 1:
+            return
+        if clock.open_steps != early_steps(self.config.window_steps):
+            return
+        if clock.open_steps >= self.config.window_steps:
+            return  # the window closes at this step anyway
+        losing = loop.losing(*clock.open_window()) if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            losing = trainer.strategy.broadcast(losing, src=0)
+        if losing:
+            loop.cut_short()
+            self.say(
+                f"{loop.trial_knob}: slower on every one of {clock.open_steps} steps: cut short"
+            )
+            clock.close_window(trainer)
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
@@ -213,7 +241,7 @@ class Tuner:
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
         if isinstance(decision, Try):
-            self._start_trial(trainer, decision.knob, decision.settings, decision.why)
+            self._start_trial(trainer, decision)
         else:
             self.stop(decision.reason if isinstance(decision, Stop) else "no loader")
 
@@ -416,10 +444,11 @@ class Tuner:
             blocked = self.cost.blocked_s + time.perf_counter() - started
             self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
             self.spans.append(("blocked", at, self.monitor.elapsed_s()))
-        return plan_change(self.loader_plan, self.loader.settings())
+        return plan_change(self.loader_plan, self.loader.settings(), window_rate(self.loop.ref))
 
-    def _start_trial(self, trainer: pl.Trainer, knob: str, new: dict[str, Any], why: str) -> None:
+    def _start_trial(self, trainer: pl.Trainer, change: Try) -> None:
         assert self.loader is not None
+        knob, new, why = change.knob, change.settings, change.why
         old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
         self.math_trials.start(trainer, knob)
@@ -433,6 +462,7 @@ class Tuner:
             why,
             trainer.global_step,
             settle_steps=self.math_trials.settle_steps(knob),
+            expected_gain=change.expected_gain,
         )
         self.record_change(knob, old, new, f"trying: {why}")
         self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")

@@ -79,6 +79,42 @@ def main_threads(ctx: JobContext, workers: int) -> Recommendation | None:
     )
 
 
+def fewer_workers(window: Window) -> Recommendation | None:
+    """Fewer DataLoader workers when the step is compute-bound and they take CPU it could use.
+
+    Called for a compute-bound window: the loader keeps up, so what its workers cost is CPU the
+    step could have. On a CPU device the step's threads and the workers take turns on the same
+    cores, and loading in the main process costs the same CPU without the processes, so the
+    proposal halves the workers toward none. On a GPU host busy workers delay the step's
+    kernel launches once the host's CPUs are busy (``HOST_CPU_BUSY``); there the proposal keeps
+    what 1.25x the consumption needs: the workers' cores now, scaled by 1.25, in workers of
+    one core each. Either way the loop keeps the change only if real steps are faster.
+    ``None`` without workers, when they use little CPU, or on an idle GPU host.
+    """
+    ctx, workers = window.context, workers_of(window)
+    mean = window.sampler.mean_worker_cpu
+    if workers == 0 or mean is None:
+        return None
+    busy = mean / 100 * workers
+    if busy < th.WORKERS_TAKE_CORES:
+        return None
+    if ctx.device_type == "cpu":
+        proposed = workers // 2
+        why = f"the step's threads share the CPUs with {workers} workers using {busy:.1f} cores"
+    else:
+        system = window.sampler.mean_system_cpu
+        if system is None or system < th.HOST_CPU_BUSY:
+            return None
+        proposed = math.ceil(round(1.25 * busy, 6))
+        why = (
+            f"host CPUs {system:.0f} % busy; {workers} workers use {busy:.1f} cores, "
+            f"{proposed} keep 1.25x the consumption"
+        )
+    if proposed >= workers:
+        return None
+    return Recommendation("num_workers", workers, proposed, f"{why}; kept only if faster", True)
+
+
 def bf16_ok(ctx: JobContext) -> bool:
     """Whether the GPU supports bf16 (compute capability >= 8.0)."""
     if ctx.compute_capability is None:
@@ -125,9 +161,12 @@ def batch_growth(window: Window) -> Recommendation | None:
 
 
 def compute(window: Window) -> list[Recommendation]:
-    """Main threads beside busy workers (CPU); bigger batch, lower precision, compile (opt-in)."""
+    """Fewer busy workers, main threads beside them (CPU); then the opt-in knobs.
+
+    The opt-in ones: a bigger batch, lower precision, compile.
+    """
     ctx = window.context
-    recs = [main_threads(ctx, workers_of(window))]
+    recs = [fewer_workers(window), main_threads(ctx, workers_of(window))]
     recs += [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
     if ctx.compiled is not True:
         recs.append(

@@ -39,6 +39,12 @@ IOWAIT_HIGH = 10.0
 CPU_COMPUTE_BUSY = 0.60
 """CPU device: the main process uses at least this share of its intra-op threads while
 computing (torch's ops run in parallel), so the step is bound by CPU compute."""
+WORKERS_TAKE_CORES = 0.25
+"""A compute-bound step whose DataLoader workers together use at least this share of a core
+has CPU to win back from them: fewer workers are tried (judged on real steps)."""
+HOST_CPU_BUSY = 40.0
+"""Machine CPU above this percent on a GPU host leaves kernel launches waiting for a core.
+Source: SPDL's guidance for GPU hosts (keep total CPU use under ~40 %)."""
 MAIN_THREAD_WAITING = 0.40
 """``maxtp triage``: a main thread running in fewer than this share of readings mostly waits
 (for its loader's workers or reads), whatever its thread pools' CPU use says."""

@@ -14,7 +14,7 @@ from lightning_maxtp.tuning.cost import lost_s
 if TYPE_CHECKING:
     from lightning_maxtp.observe.window import Window
 
-__all__ = ["NOISE_FACTOR", "THIRD_PAIR_GAIN", "Outcome", "judge", "judged"]
+__all__ = ["NOISE_FACTOR", "THIRD_PAIR_GAIN", "TWO_PAIR_GAIN", "Outcome", "judge", "judged"]
 
 
 NOISE_FACTOR = 2.0
@@ -24,7 +24,11 @@ settings, taken from just two pairs, is itself a rough estimate of how much a wi
 
 THIRD_PAIR_GAIN = 2.0
 """Two pairs that gain at least this many times ``min_gain`` but not beyond the noise earn a
-third pair before the verdict."""
+third pair before the verdict; three pairs keep a change whose median gain is as large."""
+TWO_PAIR_GAIN = 3.0
+"""Two pairs alone keep a change only when it gains at least this many times ``min_gain``
+(besides beating the noise): with a smaller gain the spread of two pairs is too rough a noise
+estimate, and a knob without effect would be kept more often than 1 in 20."""
 
 
 Outcome = Literal["old", "new", "kept", "reverted", "undecided"]
@@ -40,16 +44,18 @@ def judge(rates: list[float], min_gain: float) -> tuple[Outcome, float | None]:
     trial that looks like a gain is re-measured: the reference again (``R2``, which also
     brackets ``T1`` against drift), then the trial again (``T2``, ending on the trial settings,
     so keeping costs no further switch). It is kept only when the trial's mean beats the
-    reference's mean by ``min_gain`` and by more than ``NOISE_FACTOR`` times the noise (how much
-    two windows of the same settings differed), and both trial windows beat both reference
-    windows. A trial that does not even look like a gain is reverted at once.
+    reference's mean by ``TWO_PAIR_GAIN`` times ``min_gain`` and by more than ``NOISE_FACTOR``
+    times the noise (how much two windows of the same settings differed), and both trial
+    windows beat both reference windows. A trial that does not even look like a gain is
+    reverted at once.
 
     On a noisy machine two pairs can leave a large gain undecided (one slow window makes the
     noise as large as the gain). When the two pairs' gain is at least twice ``min_gain`` and
     both trial windows beat both reference windows, a third pair is measured (``R3, T3``) and
     decides by ranks: kept when every trial window beats every reference window (a chance of 1
     in 20 when the knob does nothing) and the median trial window beats the median reference
-    window by ``min_gain``; medians, so that one stalled window cannot make the gain.
+    window by ``THIRD_PAIR_GAIN`` times ``min_gain``; medians, so that one stalled window cannot
+    make the gain.
 
     Returns:
         ``("old", None)`` or ``("new", None)``: measure the next window with those settings;
@@ -68,9 +74,10 @@ def judge(rates: list[float], min_gain: float) -> tuple[Outcome, float | None]:
     gain = trial / ref - 1 if ref > 0 else 0.0
     if gain < min_gain:
         return "reverted", noise
-    if gain > NOISE_FACTOR * noise and min(t1, t2) > max(r1, r2):
+    ranked = min(t1, t2) > max(r1, r2)
+    if gain > NOISE_FACTOR * noise and gain >= TWO_PAIR_GAIN * min_gain and ranked:
         return "kept", noise
-    if gain >= THIRD_PAIR_GAIN * min_gain and min(t1, t2) > max(r1, r2):
+    if gain >= THIRD_PAIR_GAIN * min_gain and ranked:
         # Only when a third pair can still decide: its rank test needs every trial window
         # above every reference window, already true of the first two pairs.
         return "old", None
@@ -87,7 +94,7 @@ def _third_pair(rates: list[float], min_gain: float) -> tuple[Outcome, float | N
     gain = trial / ref - 1
     if gain < min_gain:
         return "reverted", noise
-    if trials[0] > refs[-1]:
+    if trials[0] > refs[-1] and gain >= THIRD_PAIR_GAIN * min_gain:
         return "kept", noise
     return "undecided", noise
 

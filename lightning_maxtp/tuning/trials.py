@@ -196,7 +196,8 @@ def next_change(
     Args:
         diagnoses: Findings of the last window, most confident first.
         settings: The loader's current ``num_workers``/``prefetch_factor``/... values.
-        tried: ``(knob, repr(value))`` pairs already tried and reverted.
+        tried: ``(knob, repr(value))`` pairs already tried and reverted, and those a kept trial
+            replaced (measured slower).
         device_type: ``pin_memory`` only helps copies to a CUDA device.
         max_workers: The user's worker cap (the recommendations already respect the probe's
             budget; only this cap is added).
@@ -215,7 +216,8 @@ def next_change(
             continue
         if settings.get(rec.knob) == rec.proposed or (rec.knob, repr(rec.proposed)) in tried:
             continue
-        if rec.knob == "num_workers" and max_workers is not None:
+        grows = rec.knob == "num_workers" and int(rec.proposed) > settings["num_workers"]
+        if grows and max_workers is not None:  # the user's cap limits growth, not fewer workers
             value = min(int(rec.proposed), max_workers)
             return None if value <= settings["num_workers"] else (rec.knob, value, rec.reason)
         return rec.knob, rec.proposed, rec.reason

@@ -17,6 +17,7 @@ actually in force.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,6 +27,7 @@ from lightning_maxtp.observe.window import Window
 from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.judge import judge, judged
+from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early
 
 if TYPE_CHECKING:
     from lightning_maxtp.observe.report import ThroughputReport
@@ -68,10 +70,17 @@ class Try:
     knob: str
     settings: dict[str, Any]
     why: str
+    expected_gain: float | None = None
+    """The gain a measurement of its own predicts (the loader measured alone), or ``None``."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return {"knob": self.knob, "settings": dict(self.settings), "why": self.why}
+        return {
+            "knob": self.knob,
+            "settings": dict(self.settings),
+            "why": self.why,
+            "expected_gain": self.expected_gain,
+        }
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,9 @@ class _Trial:
     """Which settings the window being measured runs with: ``"new"`` or ``"old"``."""
     settle_steps: int = 0
     guard: Any = None  # the numerics guard's last check of a window under the new settings
+    expected_gain: float | None = None
+    cut_short: bool = False
+    """Its first window was closed early, already losing (``sequential.losing_early``)."""
 
 
 class TuningLoop:
@@ -224,16 +236,25 @@ class TuningLoop:
         step: int,
         *,
         settle_steps: int | None = None,
+        expected_gain: float | None = None,
     ) -> None:
         """A trial of ``new`` (replacing ``old``) begins at training step ``step``.
 
         ``settle_steps`` before each of its windows default to the loop's; a compile needs more
-        (its first steps compile).
+        (its first steps compile). ``expected_gain``: what a measurement of its own predicts
+        (``Try.expected_gain``), which lets a first window that confirms it decide alone.
         """
         assert self.ref is not None
         settle = self.config.settle_steps if settle_steps is None else settle_steps
         self._trial = _Trial(
-            knob, old, new, why, step, [(self.ref, self.ref_found)], settle_steps=settle
+            knob,
+            old,
+            new,
+            why,
+            step,
+            [(self.ref, self.ref_found)],
+            settle_steps=settle,
+            expected_gain=expected_gain,
         )
         self._settle()
 
@@ -263,14 +284,47 @@ class TuningLoop:
         """``(old, new)`` settings of the trial under way."""
         return None if self._trial is None else (self._trial.old, self._trial.new)
 
+    def losing(self, step_s: Sequence[float], samples: Sequence[int]) -> bool:
+        """Rank zero: whether the first trial window's steps so far already lose.
+
+        Only the first window of a trial is read this way (``sequential.losing_early``); when
+        it loses, call ``cut_short`` and close the window: ``judge`` then reverts the trial.
+        """
+        t = self._trial
+        if t is None or self.phase != "trial" or t.measuring != "new" or len(t.windows) != 1:
+            return False
+        ref = t.windows[0][0]
+        return losing_early(ref.step_time_s, ref.samples, step_s, samples, self.config.min_gain)
+
+    def cut_short(self) -> None:
+        """The first trial window closes now, already losing: the trial is reverted."""
+        assert self._trial is not None
+        self._trial.cut_short = True
+
     def judge(self, window: Window) -> Step:
         """Rank zero: what this trial window decides (see ``judge.judge``).
+
+        A first window cut short as losing reverts the trial; one that confirms a predicted
+        gain beyond doubt keeps it (``sequential.confirmed_at_once``).
 
         Returns:
             ``Remeasure("old")``/``Remeasure("new")`` (measure again with those settings) or the
             verdict ``"kept"``, ``"reverted"`` or ``"undecided"``.
         """
         assert self._trial is not None
+        t = self._trial
+        if len(t.windows) == 1:
+            ref = t.windows[0][0]
+            if t.cut_short:
+                return "reverted"
+            if confirmed_at_once(
+                window_rate(ref),
+                window_rate(window),
+                ref.data_wait_share,
+                window.data_wait_share,
+                t.expected_gain,
+            ):
+                return "kept"
         rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
         outcome = judge(rates, self.config.min_gain)[0]
         if outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
@@ -328,7 +382,10 @@ class TuningLoop:
         )
         self.trials.append(trial)
         if kept:
+            # Going back to settings measured slower is no trial either: no ping-pong between
+            # a diagnosis that wants more workers and one that wants fewer.
             self.ref, self.ref_found = news[-1]
+            self.tried |= {(k, repr(v)) for k, v in t.old.items()}
         else:
             self.ref, self.ref_found = olds[-1]
             self.tried |= {(k, repr(v)) for k, v in t.new.items()}

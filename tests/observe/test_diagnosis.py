@@ -362,3 +362,50 @@ def test_storage_gets_reads_in_flight_even_when_ranks_take_every_core() -> None:
     storage = next(d for d in found if d.kind is BottleneckKind.STORAGE)
     (workers,) = [r for r in storage.recommendations if r.knob == "num_workers"]
     assert (workers.current, workers.proposed, workers.auto_apply) == (0, 2, True)
+
+
+def test_compute_bound_with_busy_workers_proposes_fewer_workers() -> None:
+    # 4 JPEG-decoding workers on 2 CPUs: the step is compute-bound and the workers use 1.6 cores.
+    ctx = JobContext(intra_op_threads=2, compiled=False, num_workers=4, cpus_per_rank=2)
+    busy = SamplerSeries(
+        main_cpu_percent=(100.0,) * 5,
+        worker_cpu_percent=(160.0,) * 5,
+        num_worker_processes=4,
+        system_cpu_percent=(97.0,) * 5,
+    )
+    top = diagnose(window(100, 1, context=ctx, sampler=busy))[0]
+    assert top.kind is BottleneckKind.COMPUTE
+    first = top.recommendations[0]
+    assert (first.knob, first.current, first.proposed, first.auto_apply) == (
+        "num_workers",
+        4,
+        2,
+        True,
+    )
+    assert "share the CPUs with 4 workers using 1.6 cores" in first.reason
+    # Workers that barely use a core leave the step nothing to win back.
+    idle = dataclasses.replace(busy, worker_cpu_percent=(8.0,) * 5)
+    recs = diagnose(window(100, 1, context=ctx, sampler=idle))[0].recommendations
+    assert "num_workers" not in [r.knob for r in recs]
+
+
+def test_on_a_gpu_host_fewer_workers_only_when_the_host_cpus_are_busy() -> None:
+    ctx = dataclasses.replace(H200, num_workers=16, precision="bf16-mixed", compiled=True)
+
+    def sampler(system: float) -> SamplerSeries:
+        return gpu(
+            99,
+            used_gib=100,
+            worker_cpu_percent=(480.0,) * 5,
+            num_worker_processes=16,
+            system_cpu_percent=(system,) * 5,
+        )
+
+    busy = diagnose(window(100, 1, sampler=sampler(70.0), context=ctx))[0]
+    assert busy.kind is BottleneckKind.COMPUTE
+    rec = busy.recommendations[0]
+    # 16 workers use 4.8 cores: 6 of one core each deliver 1.25x the consumption.
+    assert (rec.knob, rec.current, rec.proposed, rec.auto_apply) == ("num_workers", 16, 6, True)
+    assert "host CPUs 70 % busy" in rec.reason
+    quiet = diagnose(window(100, 1, sampler=sampler(20.0), context=ctx))
+    assert all(r.knob != "num_workers" for d in quiet for r in d.recommendations)

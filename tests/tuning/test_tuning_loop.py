@@ -226,3 +226,33 @@ def test_math_knobs_are_asked_for_only_when_no_loader_knob_is_left() -> None:
     data.record_baseline(window(100.0), data_bound())  # a loader knob is left: no question
     assert isinstance(data.decide(SETTINGS, device_type="cpu", math=ASK), Try)
     assert Stop("x").to_dict() == {"reason": "x"} and bf16.to_dict()["knob"] == "precision"
+
+
+def compute_with_busy_workers(workers: int) -> tuple[Diagnosis, ...]:
+    rec = Recommendation("num_workers", workers, workers // 2, "workers take the CPUs", True)
+    return (
+        Diagnosis(BottleneckKind.COMPUTE, 0.8, "the step is the limit", recommendations=(rec,)),
+    )
+
+
+def test_fewer_workers_are_tried_past_the_users_cap_and_never_back_once_kept() -> None:
+    lp = loop(max_workers=2)  # the cap limits growth only: 4 -> 2 is tried with it
+    lp.record_baseline(window(100.0), compute_with_busy_workers(4))
+    change = lp.decide(SETTINGS | {"num_workers": 4}, device_type="cpu")
+    assert change == Try("num_workers", {"num_workers": 2}, "workers take the CPUs")
+    lp.start("num_workers", {"num_workers": 4}, {"num_workers": 2}, "why", step=12)
+    measure(lp, 70.0, compute())
+    measure(lp, 99.0, compute())
+    trial = measure(lp, 71.0, data_bound())
+    assert isinstance(trial, KnobTrial) and trial.kept
+    # The data-bound diagnosis would now want more workers; 4 was measured slower: not again.
+    more = (
+        Diagnosis(
+            BottleneckKind.DATA_PIPELINE,
+            0.9,
+            "waits",
+            recommendations=(Recommendation("num_workers", 2, 4, "more", True),),
+        ),
+    )
+    lp.ref_found = more
+    assert isinstance(lp.decide(SETTINGS | {"num_workers": 2}, device_type="cpu"), Stop)

@@ -1,0 +1,90 @@
+"""Deciding a trial as soon as the evidence allows, either way (pure, plain numbers).
+
+Two shortcuts beside ``judge``'s alternating windows:
+
+- **A losing trial stops early.** Once a few steps of a trial window are in, and every one of
+  them is slower per sample than the reference window's median step while their median is
+  slower by more than twice ``min_gain``, the window closes there and the trial is reverted.
+  When the knob does nothing, each step is slower than the reference median with a chance of
+  one half: all of ``EARLY_STEPS`` steps are with a chance of 1 in 16, and the median's margin
+  on top makes a wrong early revert rarer still (and a wrong revert only forgoes a gain).
+- **A predicted gain, confirmed, is kept at once.** A trial whose gain was predicted by a
+  measurement of its own (the loader measured alone) is kept after its first window when that
+  window gains at least ``CONFIRM_GAIN`` and half the prediction over the reference, and the
+  mechanism shows: the data wait the change was meant to remove fell to at most half. A knob
+  without effect leaves the data wait where it was, so the noise of the rates alone cannot keep
+  it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["CONFIRM_GAIN", "EARLY_STEPS", "confirmed_at_once", "early_steps", "losing_early"]
+
+EARLY_STEPS = 4
+"""The fewest trial steps read before a trial may be stopped as losing."""
+CONFIRM_GAIN = 0.4
+"""The least gain of a first trial window that confirms a predicted gain without a second pair:
+far beyond how much two windows of the same settings differ on a shared machine (10-30 %)."""
+
+
+def early_steps(window_steps: int) -> int:
+    """How many steps of a trial window are read before the early check (a quarter, >= 4)."""
+    return min(window_steps, max(EARLY_STEPS, -(-window_steps // 4)))
+
+
+def _per_sample(step_s: Sequence[float], samples: Sequence[int]) -> list[float]:
+    return [s / max(n, 1) for s, n in zip(step_s, samples, strict=True)]
+
+
+def losing_early(
+    ref_step_s: Sequence[float],
+    ref_samples: Sequence[int],
+    step_s: Sequence[float],
+    samples: Sequence[int],
+    min_gain: float,
+) -> bool:
+    """Whether a trial window's first steps already show it slower than the reference.
+
+    Args:
+        ref_step_s: The reference window's step times, seconds.
+        ref_samples: Its samples per step.
+        step_s: The trial window's step times so far.
+        samples: Their samples per step.
+        min_gain: The loop's ``min_gain``.
+
+    Returns:
+        ``True`` when at least ``EARLY_STEPS`` steps are in, every one is slower per sample
+        than the reference's median step, and their median is slower by more than
+        ``2 * min_gain``.
+    """
+    if len(step_s) < EARLY_STEPS or not ref_step_s:
+        return False
+    ref = statistics.median(_per_sample(ref_step_s, ref_samples))
+    trial = _per_sample(step_s, samples)
+    return min(trial) > ref and statistics.median(trial) > ref * (1 + 2 * min_gain)
+
+
+def confirmed_at_once(
+    ref_rate: float,
+    trial_rate: float,
+    ref_wait_share: float,
+    trial_wait_share: float,
+    expected_gain: float | None,
+) -> bool:
+    """Whether a first trial window confirms a predicted gain beyond doubt (see the module).
+
+    Args:
+        ref_rate: The reference window's samples/s.
+        trial_rate: The first trial window's samples/s.
+        ref_wait_share: The reference window's data wait share of step time.
+        trial_wait_share: The trial window's.
+        expected_gain: The gain the trial's own measurement predicted (``None``: none).
+    """
+    if expected_gain is None or expected_gain < CONFIRM_GAIN or ref_rate <= 0:
+        return False
+    gain = trial_rate / ref_rate - 1
+    mechanism = trial_wait_share <= ref_wait_share / 2
+    return mechanism and gain >= max(CONFIRM_GAIN, expected_gain / 2)
