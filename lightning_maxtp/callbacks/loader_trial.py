@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
+from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN
 from lightning_maxtp.tuning.tuning_loop import Try
 
 if TYPE_CHECKING:
@@ -24,16 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_LOADER_MEASURE_S",
-    "PAYBACK_SHARE",
     "measure_loader",
     "most_workers",
     "plan_change",
     "plan_line",
 ]
 
-PAYBACK_SHARE = 0.2
-"""The loader may be measured alone for at most this share of what a loader fast enough would
-save over the rest of the fit (the measurement must pay for itself), or within the budget."""
 MIN_LOADER_MEASURE_S = 1.0
 """Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
 slice of a fraction of a second plus worker start-up): skipped."""
@@ -57,8 +54,9 @@ def plan_line(
         f"plan: {resources.cpu.effective} usable CPUs shared by {local_ranks} rank(s) on this "
         f"node, worker budget {budget} per rank{raised}, GPUs: {gpus}; world size "
         f"{world_size}. Warm up {config.warmup_steps} steps, "
-        f"baseline {config.window_steps} steps, then one knob at a time (kept if >= "
-        f"{config.min_gain:.0%} faster), at most {config.max_trials} trials / "
+        f"baseline {config.window_steps} steps, then one knob at a time (kept if faster "
+        f"beyond the noise, by >= {TWO_PAIR_GAIN * config.min_gain:.0%} on two pairs of "
+        f"windows), at most {config.max_trials} trials / "
         f"{config.time_budget_s:.0f} s; {_allowed_words(config, resources)}."
     )
 

@@ -4,6 +4,10 @@
 act on (the switchable train loader, the user's own loader for ``tune_dataloader``) and what
 they leave behind (knob changes with their times, notes), and puts them in the report. The
 callback makes a new one for every fit and feeds it measured windows.
+
+Long because it is one idea with many small steps: each decision of the loop (measure the loader,
+start, re-measure, cut short, finish a trial, stop) is carried out here, where the loader, the
+knobs, the cost and the notes they change live together.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import (
     MIN_LOADER_MEASURE_S,
-    PAYBACK_SHARE,
     measure_loader,
     most_workers,
     plan_change,
@@ -39,6 +42,7 @@ from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
     fmt_settings,
+    labelled_untried,
     remaining,
     top_line,
 )
@@ -141,7 +145,8 @@ class Tuner:
         ref, base = self.loop.ref, self.loop.baseline
         if ref is None or base is None:
             return cost
-        return cost.with_earnings(self.loop.steps, base, window_rate(ref))
+        since = 0 if self.loop.kept_at is None else self.loop.steps - self.loop.kept_at
+        return cost.with_earnings(since, base, window_rate(ref))
 
     def _settings(self) -> dict[str, Any]:
         return self.knobs.settings()
@@ -298,13 +303,24 @@ class Tuner:
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
         return dataclasses.replace(
             report,
-            diagnoses=remaining(tuple(found), self.loop.tried, tuning.settings),
+            diagnoses=labelled_untried(
+                remaining(tuple(found), self.loop.tried, tuning.settings), self._untried_why()
+            ),
             knob_changes=tuple(self.knob_changes),
             notes=(*notes, *self.notes),
             final_windows=tuple(final),
             tuning=tuning.to_dict(),
             spans=self._spans(),
         )
+
+    def _untried_why(self) -> str:
+        """Why an automatic change named at the end of the fit was not tried by the loop."""
+        reason = self.loop.stop_reason
+        if reason.startswith("tuning cost budget spent"):
+            return f"the tuning budget was spent ({reason.split(': ', 1)[1]})"
+        if self.loop.finished:
+            return f"tuning had stopped ({reason})"
+        return "the fit ended first"
 
     def _spans(self) -> tuple[tuple[str, float, float], ...]:
         tuning = self._tuning_span
@@ -413,8 +429,9 @@ class Tuner:
         rest = cost.remaining_s(self.loop.steps) if cost is not None else None
         share = 1 - ref.samples_per_s / max(ref.device_samples_per_s, 1e-9)
         potential = 0.0 if rest is None else rest * max(0.0, share)
-        allowed = max(cost.left_s if cost else math.inf, PAYBACK_SHARE * potential)
-        seconds = min(self.config.loader_time_budget_s, allowed)
+        # Training waits while the loader is measured: the budget left bounds it beforehand
+        # (savings only expected never raise it).
+        seconds = min(self.config.loader_time_budget_s, cost.left_s if cost else math.inf)
         if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
             self.note(
                 "the loader is not measured alone: the fit is expected to take "

@@ -57,8 +57,8 @@ class TuningCost:
     steps_run: int = 0
     """Training steps measured from the baseline window on (when the fit ended)."""
     earned_s: float = 0.0
-    """What the changes kept so far are expected to save over the rest of the fit: a change
-    that has paid may be followed by more tuning."""
+    """What the changes kept so far have already saved (steps run at the faster rate since):
+    tuning may spend that on top of its budget, never savings only expected."""
 
     @property
     def cost_s(self) -> float:
@@ -83,12 +83,18 @@ class TuningCost:
             return None
         return max(0.0, self.batches - steps_done) * self.step_s
 
-    def with_earnings(self, steps_done: int, baseline_rate: float, rate_now: float) -> TuningCost:
-        """With what running at ``rate_now`` instead of ``baseline_rate`` saves from here on."""
-        rest = self.remaining_s(steps_done)
-        if rest is None or baseline_rate <= 0 or rate_now <= baseline_rate:
+    def with_earnings(self, steps_since: int, baseline_rate: float, rate_now: float) -> TuningCost:
+        """With what ``steps_since`` steps at ``rate_now`` saved against ``baseline_rate``."""
+        if self.step_s is None or baseline_rate <= 0 or rate_now <= baseline_rate:
             return replace(self, earned_s=0.0)
-        return replace(self, earned_s=rest * (1 - baseline_rate / rate_now))
+        return replace(self, earned_s=steps_since * self.step_s * (1 - baseline_rate / rate_now))
+
+    @property
+    def over_s(self) -> float:
+        """How far the cost went past the budget and the earnings (0: within them)."""
+        if self.budget_s is None:
+            return 0.0
+        return max(0.0, self.cost_s - self.budget_s - self.earned_s)
 
     @property
     def net(self) -> float | None:
@@ -117,6 +123,7 @@ class TuningCost:
             "cost_s": self.cost_s,
             "expected_fit_s": self.expected_fit_s,
             "net": self.net,
+            "over_s": self.over_s,
         }
 
     def __str__(self) -> str:
@@ -126,7 +133,9 @@ class TuningCost:
                 f" of a {self.budget_s:.1f} s budget (expected fit {self.expected_fit_s:.1f} s)"
             )
             if self.earned_s > 0:
-                budget += f" + {self.earned_s:.1f} s earned by the changes kept"
+                budget += f" + {self.earned_s:.1f} s already saved by the changes kept"
+            if self.over_s > 0.05:
+                budget += f" (OVER BUDGET by {self.over_s:.1f} s)"
         text = (
             f"cost: {self.cost_s:.1f} s{budget}: training blocked {self.blocked_s:.1f} s, "
             f"{self.lost_s:.1f} s lost in slower windows"

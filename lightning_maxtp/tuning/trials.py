@@ -23,6 +23,7 @@ __all__ = [
     "TuningSummary",
     "Verdict",
     "fmt_settings",
+    "labelled_untried",
     "next_change",
     "remaining",
     "top_line",
@@ -243,6 +244,24 @@ def remaining(
         return tuple(recs)
 
     return tuple(replace(d, recommendations=keep(d)) for d in diagnoses)
+
+
+def labelled_untried(diagnoses: tuple[Diagnosis, ...], why: str) -> tuple[Diagnosis, ...]:
+    """The diagnoses with each auto-applicable recommendation saying why the loop did not try it.
+
+    The end-of-fit report reads the same diagnosis rules as the loop, on later windows; an
+    automatic change it names there was not tried, and says why (``why``: the stop reason,
+    or that the fit ended first), so that the report and the loop never seem to disagree.
+    """
+
+    def label(d: Diagnosis) -> Diagnosis:
+        recs = tuple(
+            replace(r, reason=f"{r.reason}; not tried: {why}") if r.auto_apply else r
+            for r in d.recommendations
+        )
+        return replace(d, recommendations=recs)
+
+    return tuple(label(d) for d in diagnoses)
 
 
 def fmt_settings(settings: Any) -> str:

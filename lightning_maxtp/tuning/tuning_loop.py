@@ -9,7 +9,8 @@ what it decides (switching the loader, broadcasting under DDP, logging). Phases:
 
 A trial is judged against the reference window (the baseline, or the last kept trial) by
 ``judge.judge``: one that looks like a gain is re-measured, reference and trial in turn,
-before it is kept. After a revert the next decision reads a reference window's diagnoses, not
+before it is kept; ``sequential`` ends a trial sooner when its first steps already lose, or
+when its first window confirms a predicted gain. After a revert the next decision reads a reference window's diagnoses, not
 the reverted trial's, so the stop reason and the knobs offered next describe the settings
 actually in force.
 """
@@ -19,13 +20,23 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
 from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.decisions import (
+    ASK,
+    Ask,
+    AskMath,
+    Decision,
+    MeasureLoader,
+    Remeasure,
+    Step,
+    Stop,
+    Try,
+)
 from lightning_maxtp.tuning.judge import judge, judged
 from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early
 
@@ -61,87 +72,6 @@ DATA_KINDS = ("data_pipeline", "storage")
 
 CONVERGED = ("no bottleneck above threshold", "no auto-applicable knob left", "max_trials=")
 """Stop reasons that mean nothing was left to try (the settings are worth carrying)."""
-
-
-@dataclass(frozen=True)
-class Try:
-    """Start a trial: switch to ``settings`` (one knob's, or the loader plan's several)."""
-
-    knob: str
-    settings: dict[str, Any]
-    why: str
-    expected_gain: float | None = None
-    """The gain a measurement of its own predicts (the loader measured alone), or ``None``."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view."""
-        return {
-            "knob": self.knob,
-            "settings": dict(self.settings),
-            "why": self.why,
-            "expected_gain": self.expected_gain,
-        }
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Tuning is over, for ``reason``."""
-
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view."""
-        return {"reason": self.reason}
-
-
-@dataclass(frozen=True)
-class MeasureLoader:
-    """The reference is data-bound: measure the loader alone, then decide again.
-
-    The answer is ``decide(plan=...)`` with the trial the measurement proposes, or ``None``.
-    """
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view."""
-        return {}
-
-
-@dataclass(frozen=True)
-class AskMath:
-    """No loader or thread knob is left: find the next allowed math knob, then decide again.
-
-    For the ``kind`` bottleneck; the answer is ``decide(math=...)`` with its trial, or ``None``.
-    """
-
-    kind: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view."""
-        return {"kind": self.kind}
-
-
-@dataclass(frozen=True)
-class Remeasure:
-    """A trial window looked like a gain: measure again, with the ``old`` or ``new`` settings."""
-
-    settings: Literal["old", "new"]
-
-
-Step = Remeasure | Verdict
-"""What a trial window decides: measure again, or how the trial ended."""
-
-Decision = Try | Stop | MeasureLoader | AskMath
-"""What ``decide`` returns: a trial, the end of tuning, or a question for the caller."""
-
-
-class Ask(Enum):
-    """The one value ``ASK``: a question ``decide`` may put to its caller."""
-
-    ASK = "ask"
-
-
-ASK = Ask.ASK
-"""``decide(plan=ASK)`` / ``decide(math=ASK)``: ask for it when it is needed."""
 
 
 def window_rate(window: Window) -> float:
@@ -193,6 +123,8 @@ class TuningLoop:
         self._t_start: float | None = None
         self._tuning_s: float | None = None
         self._tuning_steps: int | None = None
+        self.kept_at: int | None = None
+        """The step at which the last kept trial ended (its settings run since)."""
 
     @property
     def measuring(self) -> bool:
@@ -386,6 +318,7 @@ class TuningLoop:
             # a diagnosis that wants more workers and one that wants fewer.
             self.ref, self.ref_found = news[-1]
             self.tried |= {(k, repr(v)) for k, v in t.old.items()}
+            self.kept_at = self.steps
         else:
             self.ref, self.ref_found = olds[-1]
             self.tried |= {(k, repr(v)) for k, v in t.new.items()}

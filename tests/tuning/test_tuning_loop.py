@@ -256,3 +256,15 @@ def test_fewer_workers_are_tried_past_the_users_cap_and_never_back_once_kept() -
     )
     lp.ref_found = more
     assert isinstance(lp.decide(SETTINGS | {"num_workers": 2}, device_type="cpu"), Stop)
+
+
+def test_automatic_changes_the_loop_did_not_try_say_why_in_the_report() -> None:
+    from lightning_maxtp.tuning.trials import labelled_untried
+
+    found = labelled_untried(data_bound(), "the tuning budget was spent (3.8 s of 2.1 s)")
+    recs = found[0].recommendations
+    assert recs[0].reason == (
+        "a worker overlaps loading; not tried: the tuning budget was spent (3.8 s of 2.1 s)"
+    )
+    assert recs[0].auto_apply and "not tried" in str(recs[1])
+    assert recs[2].reason == "pre-encode", "an opt-in change is the user's to make, unlabelled"
