@@ -25,15 +25,39 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_LOADER_MEASURE_S",
+    "SEARCH_FLOOR_BATCHES",
+    "WORKER_START_S",
     "measure_loader",
     "most_workers",
     "plan_change",
     "plan_line",
+    "search_floor_s",
 ]
 
 MIN_LOADER_MEASURE_S = 1.0
 """Below this, measuring the loader alone cannot tell its settings apart (each candidate needs a
 slice of a fraction of a second plus worker start-up): skipped."""
+SEARCH_FLOOR_BATCHES = 10
+"""Batches the search loads before it can compare no worker with one: 1 warm-up and 3 timed
+without workers, 2 warm-up and 4 timed with one (``loader.measure``)."""
+WORKER_START_S = 0.5
+"""What starting a worker and its first batch adds, on top of loading batches."""
+
+
+def search_floor_s(window: Window) -> float:
+    """The least time measuring the loader alone needs to compare no worker with one.
+
+    From the window: a batch takes the loader ``samples / loader rate`` (with no workers, the
+    main process's loading measured while the step waited). A budget below this would end the
+    search before a worker setting is measured in full, and training would wait for nothing.
+    """
+    from lightning_maxtp.observe.recommend_loader import loader_rates
+
+    rate = loader_rates(window)[1]
+    if rate <= 0 or not window.samples:
+        return MIN_LOADER_MEASURE_S
+    batch_s = sum(window.samples) / len(window.samples) / rate
+    return max(MIN_LOADER_MEASURE_S, SEARCH_FLOOR_BATCHES * batch_s + WORKER_START_S)
 
 
 def plan_line(

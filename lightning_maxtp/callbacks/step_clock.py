@@ -140,8 +140,14 @@ class StepClock(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The first fetch of an epoch includes starting workers: not a steady-state data wait.
-        self._last_end = None
+        # The first fetch of an epoch includes starting workers: not a steady-state data wait,
+        # unless every epoch is shorter than a window. Then it is what each epoch pays, and
+        # without its first step a one-step epoch would never be measured at all: the step is
+        # timed from the epoch's start, across the boundary.
+        batches = trainer.num_training_batches
+        short = isinstance(batches, int) and batches < self.window_steps
+        self._last_end = time.perf_counter() if short else None
+        self._last_end_cpu = time.thread_time()
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

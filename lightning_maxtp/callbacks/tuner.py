@@ -22,10 +22,10 @@ from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import (
-    MIN_LOADER_MEASURE_S,
     measure_loader,
     most_workers,
     plan_change,
+    search_floor_s,
 )
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.callbacks.math_trial import MathTrials
@@ -432,12 +432,14 @@ class Tuner:
         # Training waits while the loader is measured: the budget left bounds it beforehand
         # (savings only expected never raise it).
         seconds = min(self.config.loader_time_budget_s, cost.left_s if cost else math.inf)
-        if seconds < MIN_LOADER_MEASURE_S:  # training would wait longer than it can win back
+        floor = search_floor_s(ref)
+        if seconds < floor:  # the search would end before it measured one worker in full
             self.note(
-                "the loader is not measured alone: the fit is expected to take "
-                f"{self.cost.expected_fit_s or 0:.1f} s, so tuning may cost "
-                f"{self.cost.budget_s or 0:.2f} s and a loader fast enough would save at most "
-                f"{potential:.1f} s; single knobs are tried on real steps instead"
+                "the loader is not measured alone: comparing no worker with one needs about "
+                f"{floor:.1f} s, and the fit (expected {self.cost.expected_fit_s or 0:.1f} s) "
+                f"leaves tuning {seconds:.1f} s of its {self.cost.budget_s or 0:.2f} s budget, "
+                f"where a loader fast enough would save at most {potential:.1f} s; single knobs "
+                "are tried on real steps instead"
             )
             self.loader_plan = False
             return None

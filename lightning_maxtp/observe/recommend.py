@@ -27,6 +27,8 @@ class Recommendation:
     reason: str
     auto_apply: bool
     """True when the library may apply it by itself (same optimization math)."""
+    expected_gain: float | None = None
+    """The gain a measurement of the loader alone predicts for it (``None``: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -36,6 +38,7 @@ class Recommendation:
             "proposed": self.proposed,
             "reason": self.reason,
             "auto_apply": self.auto_apply,
+            "expected_gain": self.expected_gain,
         }
 
     def __str__(self) -> str:

@@ -7,6 +7,7 @@ steps by the closed loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from lightning_maxtp.observe import thresholds as th
@@ -43,6 +44,22 @@ def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> R
         "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
     )
     return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
+
+
+def _predicted(window: Window, rec: Recommendation) -> Recommendation:
+    """``rec`` (workers from none) with the gain the main process's own loading predicts.
+
+    Loading in the main process while the step waits is the loader measured alone: each
+    worker loads about as fast, beside the step instead of before it, up to what the device
+    consumes. Only from no workers, and only for a change the loop may make by itself.
+    """
+    if window.context.num_workers not in (0, None) or not rec.auto_apply:
+        return rec
+    if workers_of(window) != 0 or window.samples_per_s <= 0:
+        return rec
+    device_rate, loader_rate = loader_rates(window)
+    expected = min(device_rate, loader_rate * int(rec.proposed)) / window.samples_per_s - 1
+    return dataclasses.replace(rec, expected_gain=round(expected, 4))
 
 
 def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
@@ -105,7 +122,7 @@ def data_pipeline(window: Window) -> list[Recommendation]:
             )
         elif budget is not None:
             reason += f"; CPU budget {budget} workers"
-        recs.append(_num_workers(ctx, workers, proposed, reason))
+        recs.append(_predicted(window, _num_workers(ctx, workers, proposed, reason)))
     recs += _loader_tail(ctx, workers, max(proposed, workers))
     threads = main_threads(ctx, workers)
     if threads is not None:
@@ -143,7 +160,7 @@ def storage(window: Window) -> list[Recommendation]:
     recs: list[Recommendation] = []
     if proposed > workers:
         reason = "workers wait on reads: more reads in flight hide latency"
-        recs.append(_num_workers(ctx, workers, proposed, reason))
+        recs.append(_predicted(window, _num_workers(ctx, workers, proposed, reason)))
     if workers > 0 and (ctx.prefetch_factor or 2) < 8:
         recs.append(
             Recommendation(

@@ -9,11 +9,11 @@ Two shortcuts beside ``judge``'s alternating windows:
   one half: all of ``EARLY_STEPS`` steps are with a chance of 1 in 16, and the median's margin
   on top makes a wrong early revert rarer still (and a wrong revert only forgoes a gain).
 - **A predicted gain, confirmed, is kept at once.** A trial whose gain was predicted by a
-  measurement of its own (the loader measured alone) is kept after its first window when that
-  window gains at least ``CONFIRM_GAIN`` and half the prediction over the reference, and the
-  mechanism shows: the data wait the change was meant to remove fell to at most half. A knob
-  without effect leaves the data wait where it was, so the noise of the rates alone cannot keep
-  it.
+  measurement of its own (the loader measured alone: by ``tune_dataloader``, or loading in the
+  main process while the step waits) is kept after its first window when that window gains at
+  least ``CONFIRM_GAIN`` and half the prediction over the reference, and the mechanism shows:
+  the data wait per sample the change was meant to remove fell to at most half. A knob without
+  effect leaves the data wait where it was, so the noise of the rates alone cannot keep it.
 """
 
 from __future__ import annotations
@@ -21,18 +21,31 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["CONFIRM_GAIN", "EARLY_STEPS", "confirmed_at_once", "early_steps", "losing_early"]
+__all__ = [
+    "CONFIRM_GAIN",
+    "EARLY_STEPS",
+    "confirmed_at_once",
+    "early_steps",
+    "losing_early",
+    "wait_per_sample",
+]
 
 EARLY_STEPS = 4
 """The fewest trial steps read before a trial may be stopped as losing."""
-CONFIRM_GAIN = 0.4
-"""The least gain of a first trial window that confirms a predicted gain without a second pair:
-far beyond how much two windows of the same settings differ on a shared machine (10-30 %)."""
+CONFIRM_GAIN = 0.25
+"""The least gain of a first trial window that confirms a predicted gain without a second pair.
+Beside the halved data wait it asks for, a knob without effect passes both in well under 1 % of
+trials (both would have to move by chance, independently)."""
 
 
 def early_steps(window_steps: int) -> int:
     """How many steps of a trial window are read before the early check (a quarter, >= 4)."""
     return min(window_steps, max(EARLY_STEPS, -(-window_steps // 4)))
+
+
+def wait_per_sample(data_wait_s: Sequence[float], samples: Sequence[int]) -> float:
+    """A window's data wait per sample, seconds."""
+    return sum(data_wait_s) / max(sum(samples), 1)
 
 
 def _per_sample(step_s: Sequence[float], samples: Sequence[int]) -> list[float]:
@@ -70,8 +83,8 @@ def losing_early(
 def confirmed_at_once(
     ref_rate: float,
     trial_rate: float,
-    ref_wait_share: float,
-    trial_wait_share: float,
+    ref_wait_per_sample: float,
+    trial_wait_per_sample: float,
     expected_gain: float | None,
 ) -> bool:
     """Whether a first trial window confirms a predicted gain beyond doubt (see the module).
@@ -79,12 +92,12 @@ def confirmed_at_once(
     Args:
         ref_rate: The reference window's samples/s.
         trial_rate: The first trial window's samples/s.
-        ref_wait_share: The reference window's data wait share of step time.
-        trial_wait_share: The trial window's.
+        ref_wait_per_sample: The reference window's data wait per sample, seconds.
+        trial_wait_per_sample: The trial window's.
         expected_gain: The gain the trial's own measurement predicted (``None``: none).
     """
     if expected_gain is None or expected_gain < CONFIRM_GAIN or ref_rate <= 0:
         return False
     gain = trial_rate / ref_rate - 1
-    mechanism = trial_wait_share <= ref_wait_share / 2
+    mechanism = trial_wait_per_sample <= ref_wait_per_sample / 2
     return mechanism and gain >= max(CONFIRM_GAIN, expected_gain / 2)

@@ -10,9 +10,9 @@ what it decides (switching the loader, broadcasting under DDP, logging). Phases:
 A trial is judged against the reference window (the baseline, or the last kept trial) by
 ``judge.judge``: one that looks like a gain is re-measured, reference and trial in turn,
 before it is kept; ``sequential`` ends a trial sooner when its first steps already lose, or
-when its first window confirms a predicted gain. After a revert the next decision reads a reference window's diagnoses, not
-the reverted trial's, so the stop reason and the knobs offered next describe the settings
-actually in force.
+when its first window confirms a predicted gain. After a revert the next decision reads a
+reference window's diagnoses, not the reverted trial's, so the stop reason and the knobs
+offered next describe the settings actually in force.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from lightning_maxtp.tuning.decisions import (
     Try,
 )
 from lightning_maxtp.tuning.judge import judge, judged
-from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early
+from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early, wait_per_sample
 
 if TYPE_CHECKING:
     from lightning_maxtp.observe.report import ThroughputReport
@@ -252,8 +252,8 @@ class TuningLoop:
             if confirmed_at_once(
                 window_rate(ref),
                 window_rate(window),
-                ref.data_wait_share,
-                window.data_wait_share,
+                wait_per_sample(ref.data_wait_s, ref.samples),
+                wait_per_sample(window.data_wait_s, window.samples),
                 t.expected_gain,
             ):
                 return "kept"
@@ -374,7 +374,15 @@ class TuningLoop:
                 return Stop("no bottleneck above threshold: nothing to tune")
             return Stop(f"no auto-applicable knob left for the {kind} bottleneck")
         knob, value, reason = change
-        return Try(knob, {knob: value}, reason)
+        expected = next(
+            (
+                r.expected_gain
+                for r in found[0].recommendations
+                if r.knob == knob and r.proposed == value
+            ),
+            None,
+        )
+        return Try(knob, {knob: value}, reason, expected)
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over: from now on the loop only monitors.

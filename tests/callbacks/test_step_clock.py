@@ -253,3 +253,21 @@ def test_workers_of_the_next_epoch_are_seen_soon_after_the_last_ones_end() -> No
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_one_step_epochs_are_measured_across_epoch_boundaries() -> None:
+    from torch.utils.data import DataLoader
+
+    from lightning_maxtp.callbacks import MaxThroughputCallback
+    from tests.helpers.planted import Mlp, ReadyBatches
+
+    callback = MaxThroughputCallback(
+        warmup_steps=2, window_steps=8, tune_loader=False, verbose=False, cost_share=None
+    )
+    loader = DataLoader(ReadyBatches(batches=1, batch_size=64), batch_size=None)
+    planted.fit(Mlp(), loader, [callback], steps=30, max_epochs=30)
+    clock = callback._monitor.clock
+    assert len(clock.step_log) == 30, "every step is measured, the first of each epoch too"
+    tuning = callback.tuning
+    assert tuning.baseline_samples_per_s is not None and tuning.baseline_samples_per_s > 0
+    assert "before the baseline was measured" not in tuning.stop_reason

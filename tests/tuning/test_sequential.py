@@ -49,13 +49,14 @@ def test_a_trial_slower_on_every_step_by_a_margin_is_losing_after_a_few_steps() 
 
 
 def test_a_predicted_gain_confirmed_with_its_mechanism_needs_no_second_pair() -> None:
-    # The demo's case: the loader measured alone predicted 1.85x; the first window gave +89 %
-    # and the data wait fell from 45 % to 2 %.
-    assert confirmed_at_once(100.0, 189.0, 0.45, 0.02, 0.85)
-    assert not confirmed_at_once(100.0, 189.0, 0.45, 0.40, 0.85), "the data wait stayed"
-    assert not confirmed_at_once(100.0, 189.0, 0.45, 0.02, None), "nothing predicted it"
-    assert not confirmed_at_once(100.0, 130.0, 0.45, 0.02, 0.85), "under CONFIRM_GAIN"
-    assert not confirmed_at_once(100.0, 145.0, 0.45, 0.02, 1.5), "under half the prediction"
+    # The demo's case: the main process loaded at 132 samples/s while the step waited, so one
+    # worker predicts +43 %; the first window gave +33 % and the data wait per sample fell from
+    # 7.6 ms to 3.3 ms.
+    assert confirmed_at_once(92.0, 122.9, 0.0076, 0.0033, 0.43)
+    assert not confirmed_at_once(92.0, 122.9, 0.0076, 0.0060, 0.43), "the data wait stayed"
+    assert not confirmed_at_once(92.0, 122.9, 0.0076, 0.0033, None), "nothing predicted it"
+    assert not confirmed_at_once(100.0, 120.0, 0.0076, 0.0033, 0.43), "under CONFIRM_GAIN"
+    assert not confirmed_at_once(100.0, 145.0, 0.0076, 0.0033, 1.5), "under half the prediction"
 
 
 def _trial(rng: random.Random, effect: float, expected: float | None) -> tuple[str, int]:
@@ -64,9 +65,9 @@ def _trial(rng: random.Random, effect: float, expected: float | None) -> tuple[s
     def rate(settings: str) -> float:
         return 100.0 * math.exp(rng.gauss(0.0, 0.10)) * (effect if settings == "new" else 1.0)
 
-    def wait(settings: str) -> float:  # the mechanism: a change that works removes data wait
-        base = 0.4 * math.exp(rng.gauss(0.0, 0.3))
-        return base * (0.05 if settings == "new" and effect > 1 else 1.0)
+    def wait(settings: str) -> float:  # per sample: a change that works removes data wait
+        base = 0.004 * math.exp(rng.gauss(0.0, 0.3))
+        return base * (0.3 if settings == "new" and effect > 1 else 1.0)
 
     rates = [rate("old"), rate("new")]
     if confirmed_at_once(rates[0], rates[1], wait("old"), wait("new"), expected):
@@ -90,7 +91,7 @@ def test_a_knob_without_effect_is_kept_at_most_once_in_20(expected: float | None
     assert sum(v == "kept" for v, _ in kept) / len(kept) >= 0.9
     if expected is not None:
         as_predicted = [_trial(rng, 1 + expected, expected) for _ in range(500)]
-        assert sum(n == 2 for _, n in as_predicted) / len(as_predicted) >= 0.9
+        assert sum(n == 2 for _, n in as_predicted) / len(as_predicted) >= 0.75
 
 
 def _window(step_s: list[float], wait_share: float = 0.0) -> Window:

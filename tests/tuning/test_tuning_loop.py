@@ -268,3 +268,14 @@ def test_automatic_changes_the_loop_did_not_try_say_why_in_the_report() -> None:
     )
     assert recs[0].auto_apply and "not tried" in str(recs[1])
     assert recs[2].reason == "pre-encode", "an opt-in change is the user's to make, unlabelled"
+
+
+def test_a_trial_carries_the_gain_its_recommendation_predicts() -> None:
+    lp = loop()
+    rec = Recommendation("num_workers", 0, 2, "reads wait", True, expected_gain=1.3)
+    lp.record_baseline(
+        window(100.0), (Diagnosis(BottleneckKind.STORAGE, 0.9, "reads", recommendations=(rec,)),)
+    )
+    assert lp.decide(SETTINGS, device_type="cpu") == Try(
+        "num_workers", {"num_workers": 2}, "reads wait", 1.3
+    )
