@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_maxtp.batch_size.plan import scale_param_groups
 from lightning_maxtp.batch_size.trainer_internals import set_batch_size
 
 if TYPE_CHECKING:
@@ -37,10 +38,6 @@ class PlanToApply(Protocol):
     @property
     def lr_warmup_steps(self) -> int:
         """Optimizer steps of the warm-up to the scaled rate (0: none)."""
-
-
-LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-"""Param-group entries that hold a learning rate (schedulers keep their own copies there)."""
 
 
 class LrWarmup(Callback):
@@ -95,10 +92,7 @@ def apply_plan(plan: PlanToApply, trainer: pl.Trainer, batch_arg_name: str) -> N
                 f"{len(trainer.optimizers)}; apply a plan to the Trainer it was made for"
             )
         for optimizer, scale in zip(trainer.optimizers, plan.lr_scales, strict=True):
-            for group in optimizer.param_groups:
-                for key in LR_KEYS:
-                    if isinstance(group.get(key), float | int):
-                        group[key] = group[key] * scale
+            scale_param_groups(optimizer, scale)
         for config in trainer.lr_scheduler_configs:
             scheduler = config.scheduler
             index = trainer.optimizers.index(scheduler.optimizer)

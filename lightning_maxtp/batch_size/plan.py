@@ -6,7 +6,7 @@ which makes a Trainer train as planned. Importing this imports neither torch nor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -16,6 +16,20 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 __all__ = ["BatchSizePlan", "plan_changes"]
+
+
+LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+"""Param-group keys that hold a learning rate (schedulers add ``initial_lr``/``max_lr``...)."""
+
+
+def scale_param_groups(optimizer: Any, scale: float) -> None:
+    """Multiply every learning rate in ``optimizer``'s param groups by ``scale``."""
+    if scale == 1.0:
+        return
+    for group in optimizer.param_groups:
+        for key in LR_KEYS:
+            if isinstance(group.get(key), float | int):
+                group[key] = group[key] * scale
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,30 @@ class BatchSizePlan:
             if t.batch_size == batch_size and t.samples_per_s is not None
         ]
         return max(rates) if rates else None
+
+    def scale_learning_rates(self, optimizers: Sequence[Any]) -> None:
+        """Plain PyTorch: scale each optimizer's learning rates as the plan says.
+
+        Outside Lightning the plan is applied by hand: build the loader with
+        ``batch_size=plan.batch_size``, step the optimizer every
+        ``plan.accumulate_grad_batches`` batches, and call this once before training. With
+        ``plan.lr_warmup_steps``, ramp up to the scaled rates as ``apply`` does, e.g.
+        ``LinearLR(optimizer, start_factor=1 / plan.lr_scales[0],
+        total_iters=plan.lr_warmup_steps)``.
+
+        Args:
+            optimizers: The optimizers the search was given, in the same order.
+
+        Raises:
+            ValueError: If their number is not the plan's.
+        """
+        if len(optimizers) != len(self.lr_scales):
+            raise ValueError(
+                f"`optimizers` has {len(optimizers)} optimizer(s) but the plan scales "
+                f"{len(self.lr_scales)}; pass the optimizers the search was given, in order"
+            )
+        for optimizer, scale in zip(optimizers, self.lr_scales, strict=True):
+            scale_param_groups(optimizer, scale)
 
     def apply(self, trainer: pl.Trainer, *, batch_arg_name: str = "batch_size") -> None:
         """Make the Trainer train as planned (call once, from ``on_fit_start`` or later).

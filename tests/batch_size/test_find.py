@@ -280,3 +280,27 @@ def test_cuda_real_oom_ceiling_is_exact_and_memory_returns_to_baseline() -> None
         assert opt.state_dict()["state"] == {}
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def test_a_plain_pytorch_user_applies_the_plan_by_hand() -> None:
+    model = PlantedOOM(threshold=20)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plan = search(model, optimizer=opt, init_batch_size=2, global_batch="grow", lr_warmup_steps=4)
+    assert plan.batch_size > 2 and plan.lr_scales[0] > 1
+    scale = plan.lr_scales[0]
+    plan.scale_learning_rates([opt])
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * scale)
+    # The warm-up the README names: LinearLR from the old rate to the scaled one.
+    warmup = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1 / scale, total_iters=plan.lr_warmup_steps
+    )
+    lrs = []
+    for _ in range(plan.lr_warmup_steps + 1):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        warmup.step()
+    assert lrs[0] == pytest.approx(0.1) and lrs[-1] == pytest.approx(0.1 * scale)
+    with pytest.raises(
+        ValueError, match=r"`optimizers` has 2 optimizer\(s\) but the plan scales 1"
+    ):
+        plan.scale_learning_rates([opt, opt])

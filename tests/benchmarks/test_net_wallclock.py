@@ -14,7 +14,9 @@ def test_smoke_times_every_job_with_and_without_the_callback(
 ) -> None:
     data = smoke_json(net_wallclock.main, capsys)
     assert data["benchmark"] == "net_wallclock" and data["smoke"] is True
-    assert set(data["ratios"]) == {"long_data_bound", "short_data_bound", "already_tuned"}
+    assert set(data["ratios"]) == set(net_wallclock.JOBS)
+    assert data["jobs"]["tiny_steps_50"]["latency_s"] == 0.0
+    assert data["jobs"]["already_tuned_prefetch_4"]["prefetch"] == 4
     for job in data["jobs"].values():
         (callback,) = job["runs"]["callback"]
         assert callback["seconds"] > 0 and "stop_reason" in callback["callback"]
