@@ -128,6 +128,10 @@ class Tuner:
         # The knob and the settings it replaced, of the trial under way (or the last one).
         self._last_knob = ""
         self._last_old: dict[str, Any] = {}
+        self._undone_at: int | None = None
+        """The loop's step at which a trial's settings were last undone."""
+        self._settle_left = 0
+        """Steps to leave out of the first monitoring window after an undo."""
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -188,6 +192,11 @@ class Tuner:
         A step into a trial's first window, it may end early (``_cut_losing``).
         """
         self._cut_losing(trainer)
+        settling = self._settle_left and self.loop.finished and self.loader is not None
+        if settling and self.loader is not None and self.loader.switched:
+            self._settle_left -= 1
+            if not self._settle_left:
+                self.monitor.restart_window()
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
@@ -512,6 +521,7 @@ class Tuner:
         current = self.knobs.current(old)
         # Nothing to undo when kept, or when the fit ended while re-measuring the original.
         if not trial.kept and current != old:
+            self._undone_at = self.loop.steps
             self.knobs.request(**old)
             self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
         self.math_trials.after_trial(trial)  # the guard's restore, after the knob is undone
@@ -524,6 +534,11 @@ class Tuner:
             self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps
         self.monitor.window_steps = steps
+        if self._undone_at == self.loop.steps:
+            # A trial was just undone: its first steps back (workers restarting, a pool
+            # resized) are not the settings' rate, so the first monitoring window starts after
+            # them, as a trial's windows do.
+            self._settle_left = max(1, self.config.settle_steps)
         self.say(
             f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
             f"every {steps} steps"

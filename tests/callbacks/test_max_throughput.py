@@ -11,6 +11,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -427,3 +428,31 @@ def test_lightning_cli_refuses_a_bad_capture_when_it_parses() -> None:
     assert parser.parse_args(["--cb.capture", "never"]).cb.capture == "never"
     with pytest.raises(Exception, match=r"Expected a typing.Literal\['auto', 'always', 'never'\]"):
         parser.parse_args(["--cb.capture", "sometimes"])
+
+
+class SlowInWorkers(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """1 ms a sample in the main process, 20 ms in a worker: any worker trial loses."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        end = time.perf_counter() + (0.02 if torch.utils.data.get_worker_info() else 0.001)
+        while time.perf_counter() < end:  # spin: a sleep overshoots by up to ~13 ms here
+            pass
+        return torch.zeros(16), i
+
+
+def test_a_losing_trial_is_cut_short_and_the_headline_skips_the_steps_after_the_undo() -> None:
+    callback = _callback(max_trials=1, settle_steps=2, monitor_window_steps=8)
+    loader = DataLoader(SlowInWorkers(), batch_size=8)
+    _trainer([callback], max_steps=40).fit(IdModel(), loader)
+
+    (trial,) = callback.trials
+    assert (trial.knob, trial.verdict, trial.windows) == ("num_workers", "reverted", 2)
+    assert trial.steps < 8, "cut short before its window's 8 steps"
+    undone = callback._tuner._undone_at
+    assert undone is not None
+    final = callback.report.final_windows
+    assert final and all(w.first_step >= undone + 2 for w in final[1:])  # [0]: the reference
+    assert callback.tuning.speedup is not None and callback.tuning.speedup > 0.8
