@@ -86,26 +86,32 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
     assert sorted(tuned) == list(range(480))
     (trial,) = callback.trials
     assert (trial.knob, trial.old, trial.verdict, trial.kept) == ("num_workers", 0, "kept", True)
-    assert trial.new >= 1 and trial.gain >= 0.05 and trial.windows == 4
-    assert trial.noise is not None and trial.gain > 2 * trial.noise
+    # Kept after one pair when the first window confirmed the gain the main process's own
+    # loading predicted (data wait per sample halved), else after the re-measured pair.
+    assert trial.new >= 1 and trial.gain >= 0.05 and trial.windows in (2, 4)
+    if trial.windows == 4:
+        assert trial.noise is not None and trial.gain > 2 * trial.noise
+    else:
+        assert trial.gain >= 0.25 and trial.lost_s == 0.0
     assert trial.after_samples_per_s > trial.before_samples_per_s > 0
     assert callback.loader is not None and callback.loader.num_workers == trial.new
     summary = callback.tuning
     assert summary.stop_reason == "max_trials=1 reached" and summary.finished
     assert summary.speedup is not None and summary.speedup >= 1.05
-    assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= 4 * 8
+    assert 0 < summary.tuning_s < 60 and summary.tuning_steps >= trial.windows * 8
 
     report = callback.report
     changes = report.to_dict()["knob_changes"]
     new = f"num_workers={trial.new}"
-    assert [(c["knob"], c["old"], c["new"]) for c in changes] == [
+    pairs = [
         ("num_workers", "num_workers=0", new),  # the trial
         ("num_workers", new, "num_workers=0"),  # the reference measured again
         ("num_workers", "num_workers=0", new),  # the trial measured again, then kept
     ]
-    assert [c["reason"].split(":")[0] for c in changes] == [
-        "trying", "re-measuring the reference", "re-measuring the trial",
-    ]  # fmt: skip
+    reasons = ["trying", "re-measuring the reference", "re-measuring the trial"]
+    shown = 1 if trial.windows == 2 else 3
+    assert [(c["knob"], c["old"], c["new"]) for c in changes] == pairs[:shown]
+    assert [c["reason"].split(":")[0] for c in changes] == reasons[:shown]
     assert any("no sample skipped or repeated" in n for n in report.notes)
     assert any(n.startswith("num_workers: 0 -> ") and n.endswith("kept") for n in report.notes)
     written = json.loads((tmp_path / "report" / "report.json").read_text())
