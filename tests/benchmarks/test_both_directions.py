@@ -14,7 +14,8 @@ def test_smoke_runs_both_starts_with_and_without_the_callback(
 ) -> None:
     data = smoke_json(both_directions.main, capsys)
     assert data["benchmark"] == "both_directions"
-    assert data["configs"] == ["start-4", "start-4+callback", "start-0", "start-0+callback"]
+    names = [c["name"] for c in data["configs"]]
+    assert names == ["start-4", "start-4+callback", "start-0", "start-0+callback"]
     runs = data["params"]["callback_runs"]
     assert {r["config"] for r in runs} == {"start-4+callback", "start-0+callback"}
     assert all("stop_reason" in r for r in runs)
