@@ -88,11 +88,12 @@ def fewer_workers(window: Window) -> Recommendation | None:
     Called for a compute-bound window: the loader keeps up, so what its workers cost is CPU the
     step could have. On a CPU device the step's threads and the workers take turns on the same
     cores, and loading in the main process costs the same CPU without the processes, so the
-    proposal halves the workers toward none, when they use a quarter of a core or more, or the
-    machine's CPUs are saturated. On a GPU host busy workers delay the step's
-    kernel launches once the host's CPUs are busy (``HOST_CPU_BUSY``); there the proposal keeps
-    what 1.25x the consumption needs: the workers' cores now, scaled by 1.25, in workers of
-    one core each. Either way the loop keeps the change only if real steps are faster.
+    proposal is none when the workers use less than a core (else half as many), when they use a
+    quarter of a core or more, or the machine's CPUs are saturated. On a GPU host busy workers
+    delay the step's kernel launches once the host's CPUs are busy (``HOST_CPU_BUSY``); there
+    the proposal keeps what 1.25x the consumption needs: the workers' cores now, scaled by
+    1.25, in workers of one core each. Either way the loop keeps the change only if real steps
+    are faster.
     ``None`` without workers, when they use little CPU on a machine with CPUs to spare, or on
     an idle GPU host.
     """
@@ -107,7 +108,9 @@ def fewer_workers(window: Window) -> Recommendation | None:
         # With every core busy, worker processes cost the step more than their own CPU time
         # (shipping batches between processes, cache and scheduler contention): measured on 2
         # CPUs, 4 workers using 0.17 cores left a ResNet-18 step 1.10x slower than none.
-        proposed = workers // 2
+        # Loading that takes less than a core fits in the main process: none at once (workers
+        # that cost more than their CPU time cost it at any count); else half as many.
+        proposed = 0 if busy < 1.0 else workers // 2
         why = f"the step's threads share the CPUs with {workers} workers using {busy:.1f} cores"
         if saturated:
             why += f" (machine CPUs {system:.0f} % busy)"
