@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from lightning_maxtp.observe.window import robust_rate
+
 __all__ = [
     "CONFIRM_GAIN",
     "EARLY_STEPS",
@@ -70,14 +72,19 @@ def losing_early(
 
     Returns:
         ``True`` when at least ``EARLY_STEPS`` steps are in, every one is slower per sample
-        than the reference's median step, and their median is slower by more than
-        ``2 * min_gain``.
+        than the reference's median step, their median is slower by more than
+        ``2 * min_gain``, and so is their rate (``robust_rate``, as the judge reads windows).
     """
     if len(step_s) < EARLY_STEPS or not ref_step_s:
         return False
     ref = statistics.median(_per_sample(ref_step_s, ref_samples))
     trial = _per_sample(step_s, samples)
-    return min(trial) > ref and statistics.median(trial) > ref * (1 + 2 * min_gain)
+    if not (min(trial) > ref and statistics.median(trial) > ref * (1 + 2 * min_gain)):
+        return False
+    # The rate as the judge reads it must lose too: a loader that delivers in bursts (quick
+    # steps, then a wait) has a median step far from its rate.
+    slower = robust_rate(tuple(step_s), tuple(samples)) * (1 + 2 * min_gain)
+    return slower < robust_rate(tuple(ref_step_s), tuple(ref_samples))
 
 
 def confirmed_at_once(

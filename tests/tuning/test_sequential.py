@@ -45,6 +45,10 @@ def test_a_trial_slower_on_every_step_by_a_margin_is_losing_after_a_few_steps() 
     assert not losing_early(REF, batch, [0.107, 0.108, 0.106, 0.109], [32] * 4, 0.05)
     # Per sample: a step with twice the samples may take twice as long.
     assert not losing_early(REF, batch, [0.2] * 4, [64] * 4, 0.05)
+    # A loader that delivers in bursts: most reference steps are quick, one waits. Every
+    # trial step is slower than the reference's median, yet its rate is higher: not losing.
+    bursty = [0.001] * 7 + [0.1]
+    assert not losing_early(bursty, [32] * 8, [0.003] * 4, [32] * 4, 0.05)
     assert early_steps(20) == 5 and early_steps(8) == EARLY_STEPS and early_steps(3) == 3
 
 
