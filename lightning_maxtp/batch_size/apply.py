@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning.pytorch.callbacks import Callback
 
-from lightning_maxtp.batch_size.plan import scale_param_groups
+from lightning_maxtp.batch_size.lr import scale_param_groups
 from lightning_maxtp.batch_size.trainer_internals import set_batch_size
 
 if TYPE_CHECKING:

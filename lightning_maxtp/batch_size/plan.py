@@ -10,26 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from lightning_maxtp.batch_size.lr import scale_param_groups
 from lightning_maxtp.batch_size.search import TrialResult, gib
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 __all__ = ["BatchSizePlan", "plan_changes"]
-
-
-LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-"""Param-group keys that hold a learning rate (schedulers add ``initial_lr``/``max_lr``...)."""
-
-
-def scale_param_groups(optimizer: Any, scale: float) -> None:
-    """Multiply every learning rate in ``optimizer``'s param groups by ``scale``."""
-    if scale == 1.0:
-        return
-    for group in optimizer.param_groups:
-        for key in LR_KEYS:
-            if isinstance(group.get(key), float | int):
-                group[key] = group[key] * scale
 
 
 @dataclass(frozen=True)

@@ -446,7 +446,7 @@ class Tuner:
             self.note(
                 "the loader is not measured alone: comparing no worker with one needs about "
                 f"{floor:.1f} s, and the fit (expected {self.cost.expected_fit_s or 0:.1f} s) "
-                f"leaves tuning {seconds:.1f} s of its {self.cost.budget_s or 0:.2f} s budget, "
+                f"leaves tuning {seconds:.2f} s of its {self.cost.budget_s or 0:.2f} s budget, "
                 f"where a loader fast enough would save at most {potential:.1f} s; single knobs "
                 "are tried on real steps instead"
             )

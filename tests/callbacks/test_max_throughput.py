@@ -175,13 +175,15 @@ def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back() -
     try:
         # A wide MLP on small inputs: the step keeps every thread busy and waits ~3 % for data
         # (under the 5 % at which the job counts as data-bound). Another job's burst can push
-        # the wait over it, so a baseline that was not compute-bound runs once more.
-        for _attempt in range(2):
+        # the wait over it, so a baseline that was not compute-bound runs once more. On a
+        # saturated machine fewer workers are tried first; kept, they leave no thread trial
+        # (the threads then fit beside no worker): that run, too, runs once more.
+        for _attempt in range(3):
             torch.set_num_threads(cpus)
             data = torch.utils.data.TensorDataset(torch.randn(4096, 32))
             loader = DataLoader(data, batch_size=256, num_workers=cpus - 1,
                                 persistent_workers=True)  # fmt: skip
-            callback = _callback(window_steps=6, max_trials=2)
+            callback = _callback(window_steps=6, max_trials=3)
             _trainer([callback], max_steps=60).fit(MatmulModel(width=2048), loader)
             assert torch.get_num_threads() == cpus  # process state: put back at the fit's end
             tried = [t for t in callback.trials if t.knob == "intra_op_threads"]
