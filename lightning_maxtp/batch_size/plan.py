@@ -82,7 +82,9 @@ class BatchSizePlan:
 
         Outside Lightning the plan is applied by hand: build the loader with
         ``batch_size=plan.batch_size``, step the optimizer every
-        ``plan.accumulate_grad_batches`` batches, and call this once before training. With
+        ``plan.accumulate_grad_batches`` batches, and call this once before training and
+        before creating any learning-rate scheduler (a scheduler made earlier keeps the old
+        rates in its ``base_lrs`` and puts them back at its next step). With
         ``plan.lr_warmup_steps``, ramp up to the scaled rates as ``apply`` does, e.g.
         ``LinearLR(optimizer, start_factor=1 / plan.lr_scales[0],
         total_iters=plan.lr_warmup_steps)``.

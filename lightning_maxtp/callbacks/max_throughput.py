@@ -3,7 +3,7 @@
 probe -> (optional batch search) -> warm up -> measure a baseline window -> diagnose -> try ONE
 knob (first the settings ``tune_dataloader`` picks against the measured consumption rate, then
 the top diagnosis's auto-applicable recommendation, then the math knobs ``allow`` permits) ->
-measure as many steps again -> keep it if throughput rose by ``min_gain``, else revert ->
+measure as many steps again -> keep it only if it is faster beyond the noise, else revert ->
 repeat -> monitor -> report.
 
 The callback owns a ``BottleneckMonitor`` (measurement, diagnosis, logging, the report) and a

@@ -107,6 +107,8 @@ class StepClock(Callback):
         self._t0 = time.perf_counter()
         self._cuda = False
         self._unwatch: Callable[[], None] = lambda: None
+        self._short_epochs: bool | None = None
+        """Whether this fit's epochs are shorter than a window (decided at its first epoch)."""
 
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
@@ -117,6 +119,7 @@ class StepClock(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.context = job_context(trainer)
+        self._short_epochs = None
         # What the first batch shipped and what a sample costs, for every later window.
         self._unwatch = watch_first_batch(
             trainer, lambda facts: self.update_context(data_facts=facts)
@@ -144,9 +147,12 @@ class StepClock(Callback):
         # unless every epoch is shorter than a window. Then it is what each epoch pays, and
         # without its first step a one-step epoch would never be measured at all: the step is
         # timed from the epoch's start, across the boundary.
-        batches = trainer.num_training_batches
-        short = isinstance(batches, int) and batches < self.window_steps
-        self._last_end = time.perf_counter() if short else None
+        # Decided once per fit, against the first window's length: a monitor that widens its
+        # windows later must not start timing first steps it left out before.
+        if self._short_epochs is None:
+            batches = trainer.num_training_batches
+            self._short_epochs = isinstance(batches, int) and batches < self.window_steps
+        self._last_end = time.perf_counter() if self._short_epochs else None
         self._last_end_cpu = time.thread_time()
 
     @override

@@ -132,6 +132,8 @@ class Tuner:
         """The loop's step at which a trial's settings were last undone."""
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
+        self._early_checked: int | None = None
+        """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -150,7 +152,7 @@ class Tuner:
         if ref is None or base is None:
             return cost
         since = 0 if self.loop.kept_at is None else self.loop.steps - self.loop.kept_at
-        return cost.with_earnings(since, base, window_rate(ref))
+        return cost.with_earnings(since, base, window_rate(ref), self.loop.banked_steps)
 
     def _settings(self) -> dict[str, Any]:
         return self.knobs.settings()
@@ -211,14 +213,18 @@ class Tuner:
     def _cut_losing(self, trainer: pl.Trainer) -> None:
         """Close a trial's first window early when its steps so far already lose.
 
-        Read once, after ``early_steps`` steps of the window, so that under DDP every rank
-        takes part in the one broadcast at the same step.
+        Read once per trial, after ``early_steps`` steps of its first window (every rank counts
+        the same steps), so that under DDP every rank takes part in the one broadcast at the
+        same step.
         """
         loop, clock = self.loop, self.monitor.clock
         if loop.phase != "trial" or not loop.measuring_new or loop.trial_windows != 1:
             return
         if clock.open_steps != early_steps(self.config.window_steps):
             return
+        if self._early_checked == len(loop.trials):
+            return  # this trial's window was read already (a step since went unrecorded)
+        self._early_checked = len(loop.trials)
         if clock.open_steps >= self.config.window_steps:
             return  # the window closes at this step anyway
         losing = loop.losing(*clock.open_window()) if trainer.is_global_zero else None
@@ -445,10 +451,10 @@ class Tuner:
         if seconds < floor:  # the search would end before it measured one worker in full
             self.note(
                 "the loader is not measured alone: comparing no worker with one needs about "
-                f"{floor:.1f} s, and the fit (expected {self.cost.expected_fit_s or 0:.1f} s) "
-                f"leaves tuning {seconds:.2f} s of its {self.cost.budget_s or 0:.2f} s budget, "
-                f"where a loader fast enough would save at most {potential:.1f} s; single knobs "
-                "are tried on real steps instead"
+                f"{floor:.1f} s, and training may wait only {seconds:.2f} s for it (the "
+                f"tuning budget is {self.cost.budget_s or 0:.2f} s of an expected "
+                f"{self.cost.expected_fit_s or 0:.1f} s fit; a loader fast enough would save at "
+                f"most {potential:.1f} s); single knobs are tried on real steps instead"
             )
             self.loader_plan = False
             return None

@@ -10,7 +10,7 @@ nor lightning.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -142,8 +142,11 @@ class LoaderPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
+        # Read field by field: ``asdict`` would deep-copy the user's ``worker_init_fn`` (and a
+        # bound method's whole dataset with it) only to leave it out.
         skip = ("budget", "candidates", "data_path", "user_worker_init_fn")
-        data = {k: v for k, v in asdict(self).items() if k not in skip}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        data["before"] = dict(self.before)
         return {
             **data,
             "target_rate": self.target_rate,

@@ -40,7 +40,9 @@ class TuningConfig:
     settle_steps: int = 2
     """Steps after a change before its window starts (in-flight batches drain)."""
     min_gain: float = MIN_GAIN
-    """A knob is kept when throughput rose by at least this share (0.05: 5 %)."""
+    """The least gain that counts (0.05: 5 %): a trial is kept when two pairs of windows gain
+    3x this beyond the noise, three pairs 2x it, or one confirms a predicted gain (``judge``,
+    ``sequential``); below it, a trial is reverted at once."""
     max_trials: int = 6
     """Most knob trials."""
     time_budget_s: float = 300.0
@@ -82,8 +84,8 @@ class TuningConfig:
         gain = self.min_gain
         if not isinstance(gain, int | float) or not 0 <= gain < 1:
             raise ValueError(
-                f"`min_gain` must be a share in [0, 1), got {gain!r}; e.g. 0.05 keeps a knob "
-                "that makes the run at least 5 % faster"
+                f"`min_gain` must be a share in [0, 1), got {gain!r}; e.g. 0.05 (a gain under "
+                "5 % counts as none)"
             )
         for name in ("time_budget_s", "loader_time_budget_s"):
             value = getattr(self, name)

@@ -83,11 +83,17 @@ class TuningCost:
             return None
         return max(0.0, self.batches - steps_done) * self.step_s
 
-    def with_earnings(self, steps_since: int, baseline_rate: float, rate_now: float) -> TuningCost:
-        """With what ``steps_since`` steps at ``rate_now`` saved against ``baseline_rate``."""
-        if self.step_s is None or baseline_rate <= 0 or rate_now <= baseline_rate:
+    def with_earnings(
+        self, steps_since: int, baseline_rate: float, rate_now: float, banked_steps: float = 0.0
+    ) -> TuningCost:
+        """With what ``steps_since`` steps at ``rate_now`` saved against ``baseline_rate``.
+
+        ``banked_steps``: baseline steps saved earlier, at the settings kept before these.
+        """
+        if self.step_s is None or baseline_rate <= 0:
             return replace(self, earned_s=0.0)
-        return replace(self, earned_s=steps_since * self.step_s * (1 - baseline_rate / rate_now))
+        share = max(0.0, 1 - baseline_rate / rate_now) if rate_now > 0 else 0.0
+        return replace(self, earned_s=(steps_since * share + banked_steps) * self.step_s)
 
     @property
     def over_s(self) -> float:

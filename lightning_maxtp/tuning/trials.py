@@ -82,8 +82,9 @@ class KnobTrial:
         """Why its settings were undone, for the knob change that undid them."""
         return {
             "reverted": f"reverted: {self.gain:+.1%} < {min_gain:.0%}",
-            "undecided": f"undecided: {self.gain:+.1%} within 2x the noise "
-            f"({self.noise or 0:.0%}), the original kept",
+            "undecided": f"undecided: {self.gain:+.1%} not beyond the noise "
+            f"({self.noise or 0:.0%}) or under the gain its windows must show "
+            f"({3 * min_gain:.0%} on two pairs, {2 * min_gain:.0%} on three), the original kept",
             "unfinished": "unfinished: the fit ended before the trial was judged",
             "guarded": f"reverted by the numerics guard: {self.guard}",
         }.get(self.verdict, self.verdict)

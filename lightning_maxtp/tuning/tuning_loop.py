@@ -96,6 +96,8 @@ class _Trial:
     expected_gain: float | None = None
     cut_short: bool = False
     """Its first window was closed early, already losing (``sequential.losing_early``)."""
+    loop_step: int = 0
+    """The loop's step count when it began (``step`` is the trainer's, which may differ)."""
 
 
 class TuningLoop:
@@ -125,6 +127,8 @@ class TuningLoop:
         self._tuning_steps: int | None = None
         self.kept_at: int | None = None
         """The step at which the last kept trial ended (its settings run since)."""
+        self.banked_steps = 0.0
+        """Baseline steps the kept changes saved before the last one was kept."""
 
     @property
     def measuring(self) -> bool:
@@ -187,6 +191,7 @@ class TuningLoop:
             [(self.ref, self.ref_found)],
             settle_steps=settle,
             expected_gain=expected_gain,
+            loop_step=self.steps,
         )
         self._settle()
 
@@ -318,6 +323,10 @@ class TuningLoop:
             # a diagnosis that wants more workers and one that wants fewer.
             self.ref, self.ref_found = news[-1]
             self.tried |= {(k, repr(v)) for k, v in t.old.items()}
+            if self.kept_at is not None and self.baseline and window_rate(olds[0][0]) > 0:
+                # The stretch at the settings this trial replaced saved its share too.
+                share = 1 - self.baseline / window_rate(olds[0][0])
+                self.banked_steps += max(0.0, share) * (t.loop_step - self.kept_at)
             self.kept_at = self.steps
         else:
             self.ref, self.ref_found = olds[-1]
@@ -347,7 +356,13 @@ class TuningLoop:
             math: ``ASK`` to be asked for a math knob when no loader or thread knob is left;
                 then its trial, or ``None`` (none, or not wanted).
         """
-        if isinstance(plan, Try):
+        # Settings measured slower before (a reverted trial's, or those a kept one replaced)
+        # are not tried again, whoever proposes them; the plan's settings were measured
+        # together, so one of them measured slower drops the plan.
+        slower = isinstance(plan, Try) and any(
+            (k, repr(v)) in self.tried for k, v in plan.settings.items()
+        )
+        if isinstance(plan, Try) and not slower:
             return plan
         elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
         if len(self.trials) >= self.config.max_trials:

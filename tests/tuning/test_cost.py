@@ -35,3 +35,11 @@ def test_an_overrun_is_said_in_the_report_and_none_otherwise() -> None:
     assert "OVER BUDGET by 4.5 s" in str(cost) and cost.to_dict()["over_s"] == cost.over_s
     within = TuningCost(blocked_s=1.0).budgeted(_baseline(), batches=460, share=0.05)
     assert within.over_s == 0.0 and "OVER" not in str(within)
+
+
+def test_savings_made_before_the_last_keep_stay_earned() -> None:
+    cost = TuningCost().budgeted(_baseline(), batches=1000, share=0.05)
+    # 10 baseline steps saved at earlier settings, then 40 steps at twice the rate.
+    assert cost.with_earnings(40, 320.0, 640.0, banked_steps=10.0).earned_s == pytest.approx(
+        (40 * 0.5 + 10) * 0.1
+    )

@@ -279,3 +279,13 @@ def test_a_trial_carries_the_gain_its_recommendation_predicts() -> None:
     assert lp.decide(SETTINGS, device_type="cpu") == Try(
         "num_workers", {"num_workers": 2}, "reads wait", 1.3
     )
+
+
+def test_a_loader_plan_does_not_bring_back_settings_measured_slower() -> None:
+    lp = loop()
+    lp.record_baseline(window(100.0), data_bound())
+    lp.tried = {("num_workers", "4")}  # a kept 4 -> 0 trial replaced them
+    plan = Try("loader plan", {"num_workers": 4, "prefetch_factor": 4}, "measured alone")
+    assert lp.decide(SETTINGS, device_type="cpu", plan=plan) != plan
+    other = Try("loader plan", {"num_workers": 2, "prefetch_factor": 4}, "measured alone")
+    assert lp.decide(SETTINGS, device_type="cpu", plan=other) == other
