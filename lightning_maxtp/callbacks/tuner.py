@@ -37,6 +37,7 @@ from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
 from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import early_steps
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
@@ -57,7 +58,6 @@ from lightning_maxtp.tuning.tuning_loop import (
     Stop,
     Try,
     TuningLoop,
-    in_force,
     window_rate,
 )
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
@@ -39,10 +39,6 @@ from lightning_maxtp.tuning.decisions import (
 )
 from lightning_maxtp.tuning.judge import judge, judged
 from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early, wait_per_sample
-
-if TYPE_CHECKING:
-    from lightning_maxtp.observe.report import ThroughputReport
-
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -63,7 +59,6 @@ __all__ = [
     "Stop",
     "Try",
     "TuningLoop",
-    "in_force",
     "window_rate",
 ]
 
@@ -476,37 +471,3 @@ class TuningLoop:
             finished=self.finished,
             cost=cost,
         )
-
-
-def in_force(
-    loop: TuningLoop,
-    final: list[tuple[Window, tuple[Diagnosis, ...]]],
-    report: ThroughputReport | None = None,
-) -> tuple[list[Window], tuple[Diagnosis, ...]]:
-    """The windows measured under the settings in force, and the diagnoses describing them.
-
-    Args:
-        loop: The fit's loop (its reference window and whether tuning ended).
-        final: Windows closed under the settings in force after tuning ended, with their
-            diagnoses (the reference window they were judged by is added).
-        report: The monitor's report: its last diagnoses are the latest (re-read with a
-            profiler capture, if one ran), and its windows are all there is when nothing
-            was tuned.
-
-    Returns:
-        When tuning did not end, the reference window (never a reverted or unfinished
-        trial's); with no reference at all, every window of ``report``.
-    """
-    if final:
-        windows, found = [w for w, _ in final], final[-1][1]
-        last = report.windows[-1] if report is not None and report.windows else None
-        if report is not None and last is not None and last.first_step == windows[-1].first_step:
-            found = report.diagnoses
-        if loop.ref is not None and loop.finished:
-            windows.insert(0, loop.ref)
-        return windows, found
-    if loop.ref is not None:
-        return [loop.ref], loop.ref_found
-    if report is None:
-        return [], ()
-    return list(report.windows), report.diagnoses
