@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
+from lightning_maxtp.tuning.decisions import Try
 from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN
-from lightning_maxtp.tuning.tuning_loop import Try
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader

@@ -23,7 +23,7 @@ from lightning_maxtp.knobs.registry import (
     knob_class,
 )
 from lightning_maxtp.tuning.allow import math_knobs_for
-from lightning_maxtp.tuning.tuning_loop import Try
+from lightning_maxtp.tuning.decisions import Try
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

@@ -37,6 +37,17 @@ from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
 from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.tuning.cost import TuningCost
+from lightning_maxtp.tuning.decisions import (
+    ASK,
+    Ask,
+    AskMath,
+    Decision,
+    MeasureLoader,
+    Remeasure,
+    Step,
+    Stop,
+    Try,
+)
 from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import early_steps
 from lightning_maxtp.tuning.trials import (
@@ -47,19 +58,7 @@ from lightning_maxtp.tuning.trials import (
     remaining,
     top_line,
 )
-from lightning_maxtp.tuning.tuning_loop import (
-    ASK,
-    Ask,
-    AskMath,
-    Decision,
-    MeasureLoader,
-    Remeasure,
-    Step,
-    Stop,
-    Try,
-    TuningLoop,
-    window_rate,
-)
+from lightning_maxtp.tuning.tuning_loop import TuningLoop, window_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -194,8 +193,8 @@ class Tuner:
         A step into a trial's first window, it may end early (``_cut_losing``).
         """
         self._cut_losing(trainer)
-        settling = self._settle_left and self.loop.finished and self.loader is not None
-        if settling and self.loader is not None and self.loader.switched:
+        loader = self.loader
+        if self._settle_left and self.loop.finished and loader is not None and loader.switched:
             self._settle_left -= 1
             if not self._settle_left:
                 self.monitor.restart_window()
@@ -218,7 +217,7 @@ class Tuner:
         same step.
         """
         loop, clock = self.loop, self.monitor.clock
-        if loop.phase != "trial" or not loop.measuring_new or loop.trial_windows != 1:
+        if not loop.in_first_trial_window:
             return
         if clock.open_steps != early_steps(self.config.window_steps):
             return

@@ -53,9 +53,7 @@ def _predicted(window: Window, rec: Recommendation) -> Recommendation:
     worker loads about as fast, beside the step instead of before it, up to what the device
     consumes. Only from no workers, and only for a change the loop may make by itself.
     """
-    if window.context.num_workers not in (0, None) or not rec.auto_apply:
-        return rec
-    if workers_of(window) != 0 or window.samples_per_s <= 0:
+    if workers_of(window) != 0 or not rec.auto_apply or window.samples_per_s <= 0:
         return rec
     device_rate, loader_rate = loader_rates(window)
     expected = min(device_rate, loader_rate * int(rec.proposed)) / window.samples_per_s - 1

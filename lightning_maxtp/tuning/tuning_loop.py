@@ -47,20 +47,7 @@ from lightning_maxtp.tuning.trials import (
     next_change,
 )
 
-__all__ = [
-    "ASK",
-    "DATA_KINDS",
-    "Ask",
-    "AskMath",
-    "Decision",
-    "MeasureLoader",
-    "Remeasure",
-    "Step",
-    "Stop",
-    "Try",
-    "TuningLoop",
-    "window_rate",
-]
+__all__ = ["DATA_KINDS", "TuningLoop", "window_rate"]
 
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
@@ -216,16 +203,24 @@ class TuningLoop:
         """``(old, new)`` settings of the trial under way."""
         return None if self._trial is None else (self._trial.old, self._trial.new)
 
+    @property
+    def in_first_trial_window(self) -> bool:
+        """Whether the window under way is a trial's first one with its new settings."""
+        t = self._trial
+        return (
+            t is not None and self.phase == "trial" and t.measuring == "new" and len(t.windows) == 1
+        )
+
     def losing(self, step_s: Sequence[float], samples: Sequence[int]) -> bool:
         """Rank zero: whether the first trial window's steps so far already lose.
 
         Only the first window of a trial is read this way (``sequential.losing_early``); when
         it loses, call ``cut_short`` and close the window: ``judge`` then reverts the trial.
         """
-        t = self._trial
-        if t is None or self.phase != "trial" or t.measuring != "new" or len(t.windows) != 1:
+        if not self.in_first_trial_window:
             return False
-        ref = t.windows[0][0]
+        assert self._trial is not None
+        ref = self._trial.windows[0][0]
         return losing_early(ref.step_time_s, ref.samples, step_s, samples, self.config.min_gain)
 
     def cut_short(self) -> None:

@@ -107,7 +107,7 @@ def test_an_overrun_budget_holds_back_only_the_knobs_that_need_one() -> None:
 
     from lightning_maxtp.callbacks.math_trial import MathTrials
     from lightning_maxtp.knobs import Offer
-    from lightning_maxtp.tuning.tuning_loop import Try
+    from lightning_maxtp.tuning.decisions import Try
 
     offers = {
         "precision": Offer("32-true", "bf16-mixed", "half"),

@@ -15,17 +15,10 @@ from lightning_maxtp.observe import (
     Window,
 )
 from lightning_maxtp.tuning.config import TuningConfig
+from lightning_maxtp.tuning.decisions import ASK, AskMath, MeasureLoader, Remeasure, Stop, Try
 from lightning_maxtp.tuning.judge import judge
 from lightning_maxtp.tuning.trials import KnobTrial, remaining
-from lightning_maxtp.tuning.tuning_loop import (
-    ASK,
-    AskMath,
-    MeasureLoader,
-    Remeasure,
-    Stop,
-    Try,
-    TuningLoop,
-)
+from lightning_maxtp.tuning.tuning_loop import TuningLoop
 
 SETTINGS = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
             "persistent_workers": False}  # fmt: skip
