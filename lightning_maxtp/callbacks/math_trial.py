@@ -74,8 +74,6 @@ class MathTrials:
     ) -> None:
         self.config, self.loop, self.monitor = config, loop, monitor
         self.knobs, self.guard, self.log = knobs, guard, log
-        self.switch_from = 0
-        """Where in the clock's step log the current trial's switch began."""
 
     @property
     def math(self) -> MathKnobs:
@@ -158,8 +156,7 @@ class MathTrials:
         return self.guard_window(trainer, self.guard.take())
 
     def start(self, trainer: pl.Trainer, knob: str) -> None:
-        """Before a trial: snapshot the state for a guarded knob; note where the switch began."""
-        self.switch_from = len(self.monitor.clock.step_log)
+        """Before a trial: snapshot the state for a guarded knob."""
         if knob in MATH_KNOBS and knob_class(knob).min_budget_s:  # the budget grew since
             self.log.drop_notes(f"{knob} not tried: less tuning budget")
         if knob in GUARDED and self.guard.enabled:
@@ -181,22 +178,6 @@ class MathTrials:
             )
         if not self._watched():  # a kept change of a watched knob (precision) stays watched
             guard.drop()
-
-    def switch_cost_s(self) -> float:
-        """A trial's window starts: the settle steps' excess over the reference's, in seconds.
-
-        Only for a knob whose first switch costs (compiling): that excess is a cost of tuning
-        that no window measures. ``0.0`` for every other window.
-        """
-        loop, ref = self.loop, self.loop.ref
-        knob = loop.trial_knob
-        if knob not in MATH_KNOBS or loop.trial_windows != 1 or ref is None:
-            return 0.0  # a loader trial, a later window, or no reference to compare with
-        if not knob_class(knob).first_switch_costs:
-            return 0.0  # only the first switch compiles; later ones reuse the compiled callables
-        log = self.monitor.clock.step_log[self.switch_from :]
-        step_s = ref.total_s / max(1, ref.steps)
-        return max(0.0, sum(s for _, s, _ in log) - step_s * len(log))
 
     def watch(self, losses: list[float]) -> None:
         """After tuning: a kept change of a watched knob (precision) must keep training finite.

@@ -50,6 +50,12 @@ from lightning_maxtp.tuning.decisions import (
 )
 from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import early_steps
+from lightning_maxtp.tuning.switches import (
+    Switches,
+    starts_workers,
+    trial_risk_s,
+    worker_starts,
+)
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -133,6 +139,8 @@ class Tuner:
         """Steps to leave out of the first monitoring window after an undo."""
         self._early_checked: int | None = None
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
+        self.switches = Switches()
+        """The pending switch (charged when its settle steps end) and the restarts measured."""
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -197,17 +205,34 @@ class Tuner:
         if self._settle_left and self.loop.finished and loader is not None and loader.switched:
             self._settle_left -= 1
             if not self._settle_left:
+                self._charge_switch()
                 self.monitor.restart_window()
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
         if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
-            switch_s = self.math_trials.switch_cost_s()
-            if switch_s:
-                self.cost = dataclasses.replace(self.cost, switch_s=self.cost.switch_s + switch_s)
+            self._charge_switch()
             self.monitor.restart_window()
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
                 self._tuning_span.append(self.monitor.elapsed_s())
+
+    def _mark_switch(self, settings: dict[str, Any]) -> None:
+        """A switch to ``settings`` is requested now: its settle steps are charged later."""
+        starts = starts_workers(settings, self.knobs.context())
+        self.switches.mark(len(self.monitor.clock.step_log), starts=starts)
+
+    def _charge_switch(self) -> None:
+        """The pending switch's settle steps are over: their excess over the reference counts.
+
+        No window measures them, yet they cost: workers restarting, a compile compiling.
+        """
+        ref, start = self.loop.ref, self.switches.pending_from
+        if ref is None or start is None or not ref.steps:
+            return
+        steps = [s for _, s, _ in self.monitor.clock.step_log[start:]]
+        excess = self.switches.charge(steps, ref.total_s / ref.steps)
+        if excess:
+            self.cost = dataclasses.replace(self.cost, switch_s=self.cost.switch_s + excess)
 
     def _cut_losing(self, trainer: pl.Trainer) -> None:
         """Close a trial's first window early when its steps so far already lose.
@@ -277,6 +302,7 @@ class Tuner:
         if self._tuning_span:  # the steps measured from the baseline on (validation excluded)
             steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
             self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
+        self._charge_switch()  # the fit ended before a switch's settle steps did
         trial = self.loop.end(self.math_trials.closing_check())
         if trial is not None:
             self._finish_trial(trial)
@@ -332,6 +358,8 @@ class Tuner:
         reason = self.loop.stop_reason
         if reason.startswith("tuning cost budget spent"):
             return f"the tuning budget was spent ({reason.split(': ', 1)[1]})"
+        if reason.startswith("tuning cost budget too small"):
+            return f"the tuning budget left was too small ({reason.split(': ', 1)[1]})"
         if self.loop.finished:
             return f"tuning had stopped ({reason})"
         return "the fit ended first"
@@ -409,6 +437,7 @@ class Tuner:
         wants_plan = self.config.tune_loader and self.loader_plan is None
         plan: Try | Ask | None = ASK if wants_plan else None
         math_knob: Try | Ask | None = ASK
+        unpaid = ""
         while True:
             decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
             if isinstance(decision, MeasureLoader):
@@ -417,8 +446,44 @@ class Tuner:
                 cost_now = self.summary.cost
                 left = cost_now.left_s if cost_now is not None else math.inf
                 math_knob = self.math_trials.change(decision.kind, left)
+            elif isinstance(decision, Try) and not self._affordable(decision, settings):
+                unpaid = unpaid or self._unpaid(decision, settings)
+                if decision is plan:
+                    plan = None
+                elif decision is math_knob:
+                    math_knob = None
+                else:
+                    self.loop.skipped |= {(k, repr(v)) for k, v in decision.settings.items()}
+            elif isinstance(decision, Stop) and unpaid and "knob left" in decision.reason:
+                return Stop(f"tuning cost budget too small for the next trial: {unpaid}")
             else:
                 return decision
+
+    def _risk_s(self, change: Try, settings: dict[str, Any]) -> float:
+        """What a trial of ``change`` costs at worst before a window can revert it (predicted).
+
+        Its worker starts, each at what the dearest start so far cost (``Switches.start_s``),
+        and its first steps until a losing trial is cut short (``switches.trial_risk_s``).
+        """
+        ref = self.loop.ref
+        step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
+        starts = worker_starts(change.settings, settings)
+        early = early_steps(self.config.window_steps)
+        return trial_risk_s(starts, self.switches.start_s(), early, step_s)
+
+    def _affordable(self, change: Try, settings: dict[str, Any]) -> bool:
+        """Whether the budget left pays for a trial of ``change`` at worst (``_risk_s``)."""
+        return self._cost().left_s >= self._risk_s(change, settings)
+
+    def _unpaid(self, change: Try, settings: dict[str, Any]) -> str:
+        """Why ``change`` was not tried for want of budget (a note, and the stop reason)."""
+        text = (
+            f"{change.knob} {fmt_settings(change.settings)} may cost "
+            f"{self._risk_s(change, settings):.2f} s before a window can revert it (worker "
+            f"starts, its first steps), {max(0.0, self._cost().left_s):.2f} s of the budget is left"
+        )
+        self.note(f"not tried: {text}")
+        return text
 
     def _plan_change(self) -> Try | None:
         """``tune_dataloader`` against the reference window's consumption rate: the trial, if any.
@@ -485,6 +550,7 @@ class Tuner:
         old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
         self.math_trials.start(trainer, knob)
+        self._mark_switch(new)
         self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
         self.monitor.clock.update_context(**self.knobs.context())
@@ -511,6 +577,7 @@ class Tuner:
             again = isinstance(verdict, Remeasure) and verdict.settings == "old"
             target, what = (old, "the reference") if again else (new, "the trial")
             current = self.knobs.current(target)
+            self._mark_switch(target)
             self.knobs.request(**target)
             self.monitor.clock.update_context(**self.knobs.context())
             self.record_change(self._last_knob, current, target, f"re-measuring {what}")
@@ -527,6 +594,7 @@ class Tuner:
         # Nothing to undo when kept, or when the fit ended while re-measuring the original.
         if not trial.kept and current != old:
             self._undone_at = self.loop.steps
+            self._mark_switch(old)
             self.knobs.request(**old)
             self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
         self.math_trials.after_trial(trial)  # the guard's restore, after the knob is undone

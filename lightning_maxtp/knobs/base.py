@@ -113,8 +113,6 @@ class Knob(Protocol):
     """Least steps after switching before a window starts."""
     min_budget_s: ClassVar[float]
     """Least tuning budget left (seconds) for its trial to be worth starting."""
-    first_switch_costs: ClassVar[bool]
-    """Its first switch runs steps no window measures at their cost (compiling): counted."""
     before_fit: ClassVar[bool]
     """Chosen before training, not tried mid-fit (the batch size)."""
     context_field: ClassVar[str | None]
@@ -150,7 +148,6 @@ class BaseKnob:
     tried_for: ClassVar[Mapping[str, int]] = {}
     settle_steps: ClassVar[int] = 0
     min_budget_s: ClassVar[float] = 0.0
-    first_switch_costs: ClassVar[bool] = False
     before_fit: ClassVar[bool] = False
     context_field: ClassVar[str | None] = None
 

@@ -37,7 +37,6 @@ class Compile(BaseKnob):
     }
     settle_steps = 2
     min_budget_s = 30.0  # a small conv net on two CPU cores; a ResNet-50 on a GPU takes longer
-    first_switch_costs = True
     context_field: ClassVar[str | None] = "compiled"
 
     def __init__(self) -> None:

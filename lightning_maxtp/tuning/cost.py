@@ -43,8 +43,8 @@ class TuningCost:
     lost_s: float = 0.0
     """Windows at the slower of two compared settings took this much longer."""
     switch_s: float = 0.0
-    """The settle steps right after a math knob switched took this much longer than steps at
-    the reference rate (``torch.compile`` compiling, cuDNN autotuning); no window counts them."""
+    """The settle steps right after each switch took this much longer than steps at the
+    reference rate (workers restarting, ``torch.compile`` compiling); no window counts them."""
     budget_s: float | None = None
     """What tuning may cost (``cost_share`` of the expected fit; ``None``: no share limit)."""
     step_s: float | None = None
@@ -147,7 +147,7 @@ class TuningCost:
             f"{self.lost_s:.1f} s lost in slower windows"
         )
         if self.switch_s > 0:
-            text += f", {self.switch_s:.1f} s switching math knobs (compiling)"
+            text += f", {self.switch_s:.1f} s switching (workers restarting, compiling)"
         if self.net is not None and self.fit_s is not None and self.step_s is not None:
             at_baseline = self.step_s * self.steps_run
             text += (

@@ -97,6 +97,8 @@ class TuningLoop:
         self.steps = 0
         self.trials: list[KnobTrial] = []
         self.tried: set[tuple[str, str]] = set()
+        self.skipped: set[tuple[str, str]] = set()
+        """``(knob, repr(value))`` changes not tried: the budget left could not pay for them."""
         self.ref: Window | None = None
         self.ref_found: tuple[Diagnosis, ...] = ()
         self.baseline: float | None = None
@@ -365,7 +367,7 @@ class TuningLoop:
         change = next_change(
             found,
             settings,
-            self.tried,
+            self.tried | self.skipped,
             device_type=device_type,
             max_workers=self.config.max_workers,
         )

@@ -152,7 +152,7 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
     assert verdict in ("kept", "reverted", "undecided")
     assert out["compiled"] == kept
     assert out["switch_s"] > 0.2, out  # compiling: in no window, yet counted
-    assert "switching math knobs (compiling)" in out["cost"]
+    assert "switching (workers restarting, compiling)" in out["cost"]
     assert out["finite"]
 
 

@@ -95,6 +95,10 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
         assert trial.gain >= 0.25 and trial.lost_s == 0.0
     assert trial.after_samples_per_s > trial.before_samples_per_s > 0
     assert callback.loader is not None and callback.loader.num_workers == trial.new
+    # The steps right after a switch to workers (starting, loading their first batches) are in
+    # no window: they are charged as the switch's cost, and teach what the next start costs.
+    assert callback._tuner.switches.measured, "the worker start was charged"
+    assert callback.tuning.cost is not None and callback.tuning.cost.switch_s >= 0
     summary = callback.tuning
     assert summary.stop_reason == "max_trials=1 reached" and summary.finished
     assert summary.speedup is not None and summary.speedup >= 1.05
@@ -277,7 +281,7 @@ from tests.helpers.models import IdModel
 
 pl.seed_everything(0, verbose=False)
 cb = MaxThroughputCallback(warmup_steps=2, window_steps=6, tune_loader=False, max_trials=2,
-                           verbose=False, sampler_interval_s=None)
+                           verbose=False, sampler_interval_s=None, cost_share=None)
 model = IdModel()
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False,
@@ -359,6 +363,10 @@ def test_robust_rate_caps_a_stall_but_keeps_loader_bursts_and_steady_slowness() 
     assert robust_rate(bursts, (8,) * 8) == pytest.approx(64 / sum(bursts))  # waits are real
     assert robust_rate((0.2,) * 10, (10,) * 10) == pytest.approx(50.0)
     assert robust_rate((), ()) == 0.0
+    # 4 workers delivering together: a wait of 4.5 mean steps every 4 steps is the rate, not a
+    # stall (capped at 3 mean steps, the window would read 19 % faster than it ran).
+    together = (0.001, 0.001, 0.001, 0.045) * 5
+    assert robust_rate(together, (16,) * 20) == pytest.approx(320 / sum(together))
 
 
 class BatchModel(IdModel):
@@ -388,13 +396,19 @@ def test_batch_size_changes_only_when_allowed_and_the_loop_runs_on_the_new_loade
 
 def test_a_short_fit_skips_measuring_the_loader_alone_and_reports_the_net_effect() -> None:
     # ~60 steps of ~35 ms: a 5 % budget is ~0.1 s, far less than measuring the loader alone
-    # (which blocks training for its whole time budget) could win back.
+    # (which blocks training for its whole time budget) could win back, or than a worker trial
+    # may cost before a window can revert it (starting workers, its first steps).
     callback = _callback(max_trials=2, tune_loader=True, cost_share=0.05)
     _fit(callback, max_epochs=1)
 
     tuning = callback.tuning
     assert callback.loader_plan is False and tuning.cost is not None
     assert tuning.cost.blocked_s == 0.0
+    assert tuning.trials == () and tuning.cost.over_s == 0.0, "within its budget"
+    assert tuning.stop_reason.startswith("tuning cost budget too small for the next trial: ")
+    assert any(n.startswith("not tried: num_workers num_workers=") for n in tuning.notes)
+    recs = [r for d in callback.report.diagnoses for r in d.recommendations if r.auto_apply]
+    assert recs and all("not tried: the tuning budget left was too small" in r.reason for r in recs)
     assert any(n.startswith("the loader is not measured alone") for n in tuning.notes)
     assert tuning.cost.budget_s is not None and tuning.cost.budget_s < 1.0
     assert tuning.cost.expected_fit_s is not None and tuning.cost.expected_fit_s > 0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -31,7 +32,9 @@ def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None
     assert re.search(r"^   diagnosis now: \w+", out, flags=re.M)
     report = tmp_path / "demo-report"
     assert f"report files: report.json, report.md, timeline.png in {report}" in out
-    assert "knob_changes" in (report / "report.json").read_text()
+    written = json.loads((report / "report.json").read_text())
+    assert "knob_changes" in written
+    assert written["tuning"]["cost"]["over_s"] == 0.0, "tuning kept within its budget"
 
 
 def test_demo_rejects_bad_arguments() -> None:
