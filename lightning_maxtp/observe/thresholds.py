@@ -51,6 +51,8 @@ MAIN_THREAD_WAITING = 0.40
 MAIN_THREAD_BUSY = 0.80
 """The main process uses at least this share of one core: its Python thread is CPU-bound
 (per-step framework overhead, launches). Source: the seeds' triage ("main thread at 100 %")."""
+HOST_RAM_LOW_BYTES = 2 * 2**30
+"""Host RAM available below this (bytes) during a window: persistent workers' memory matters."""
 
 KERNEL_SHORT_US = 10.0
 """Median kernel shorter than this (about one launch on current GPUs) is launch-bound.

@@ -113,6 +113,8 @@ class TuningLoop:
         """The step at which the last kept trial ended (its settings run since)."""
         self.banked_steps = 0.0
         """Baseline steps the kept changes saved before the last one was kept."""
+        self._resumed: tuple[float, int] | None = None
+        """When (clock, step count) tuning resumed after it had stopped (``resume``)."""
 
     @property
     def measuring(self) -> bool:
@@ -364,13 +366,7 @@ class TuningLoop:
         found = self.ref_found
         if plan is ASK and found and found[0].kind.value in DATA_KINDS:
             return MeasureLoader()
-        change = next_change(
-            found,
-            settings,
-            self.tried | self.skipped,
-            device_type=device_type,
-            max_workers=self.config.max_workers,
-        )
+        change = self.next_try(found, settings, device_type=device_type)
         kind = found[0].kind.value if found else "unknown"
         if change is None and math is ASK:
             return AskMath(kind)
@@ -380,6 +376,24 @@ class TuningLoop:
             if kind == "healthy":
                 return Stop("no bottleneck above threshold: nothing to tune")
             return Stop(f"no auto-applicable knob left for the {kind} bottleneck")
+        return change
+
+    def next_try(
+        self, found: tuple[Diagnosis, ...], settings: dict[str, Any], *, device_type: str
+    ) -> Try | None:
+        """The loader or thread change ``found`` names first that was neither tried nor skipped.
+
+        With the gain a measurement of its own predicts for it, if any (pure).
+        """
+        change = next_change(
+            found,
+            settings,
+            self.tried | self.skipped,
+            device_type=device_type,
+            max_workers=self.config.max_workers,
+        )
+        if change is None:
+            return None
         knob, value, reason = change
         expected = next(
             (
@@ -390,6 +404,16 @@ class TuningLoop:
             None,
         )
         return Try(knob, {knob: value}, reason, expected)
+
+    def resume(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
+        """Tuning resumes after it stopped: ``window``, measured since, names a change not tried.
+
+        The window becomes the reference; start the trial next (``start``). Its time and steps
+        are added to tuning's when it stops again.
+        """
+        assert self.finished and self._trial is None
+        self.ref, self.ref_found = window, found
+        self._resumed = (time.perf_counter(), self.steps)
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over: from now on the loop only monitors.
@@ -405,6 +429,11 @@ class TuningLoop:
         self._close()
 
     def _close(self) -> None:
+        if self._resumed is not None and self._tuning_s is not None:
+            resumed_at, steps = self._resumed
+            self._tuning_s += time.perf_counter() - resumed_at
+            self._tuning_steps = (self._tuning_steps or 0) + self.steps - steps
+            self._resumed = None
         if self._tuning_s is None:
             started = self._t_start
             self._tuning_s = 0.0 if started is None else time.perf_counter() - started

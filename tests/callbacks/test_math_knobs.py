@@ -174,3 +174,37 @@ def test_compile_switches_in_place_and_reuses_the_compiled_callables() -> None:
     knobs.set("compile", True)
     assert [m._compiled_call_impl for m in module.children()] == first
     assert knobs.offer("compile") == NotOffered("already on", quiet=True)
+
+
+def test_knobs_set_by_hand_that_can_slow_a_cpu_are_offered_off_and_back() -> None:
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    module = ConvModel().to(memory_format=torch.channels_last)  # the user's own choices
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3, fused=True)
+    trainer = SimpleNamespace(
+        lightning_module=module, optimizers=[optimizer], precision="32-true",
+        strategy=SingleDeviceStrategy(torch.device("cpu")),
+    )  # fmt: skip
+    knobs = MathKnobs(("fused_optimizer", "channels_last"))
+    knobs.bind(trainer)  # type: ignore[arg-type]
+    _step(module, optimizer)
+    for name in ("channels_last", "fused_optimizer"):
+        offer = knobs.offer(name)
+        assert isinstance(offer, Offer) and (offer.current, offer.proposed) == (True, False)
+        assert offer.why.startswith("set by hand; ") and "measured on 2 cores" in offer.why
+
+    knobs.set("fused_optimizer", False)
+    assert all(not g["fused"] for g in optimizer.param_groups)
+    assert knobs.in_force == {"fused_optimizer": False}
+    _step(module, optimizer)
+    knobs.set("fused_optimizer", True)  # reverted: the user's setting back
+    assert all(g["fused"] for g in optimizer.param_groups) and knobs.in_force == {}
+    _step(module, optimizer)
+    knobs.set("channels_last", False)
+    assert not knobs.current("channels_last") and knobs.in_force == {"channels_last": False}
+    # A kept change is not offered back; on a GPU the NHWC layout set by hand stays.
+    assert knobs.offer("channels_last") == NotOffered("already on", quiet=True)
+    on_gpu, _ = _knobs("cuda")
+    on_gpu.set("channels_last", True)
+    on_gpu.in_force.clear()  # as if the user had set it
+    assert on_gpu.offer("channels_last") == NotOffered("already on", quiet=True)

@@ -481,3 +481,33 @@ def test_a_losing_trial_is_cut_short_and_the_headline_skips_the_steps_after_the_
     # headline came out at 0.66x its baseline with these steps left out), and what this test
     # checks is which steps the headline reads.
     assert callback.tuning.speedup is not None
+
+
+class SlowsDown(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Free reads for the first ``fast`` samples, then 10 ms each (the job turns data-bound)."""
+
+    def __init__(self, fast: int) -> None:
+        self.fast = fast
+
+    def __len__(self) -> int:
+        return 480
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if i >= self.fast:
+            time.sleep(0.01)
+        return torch.ones(32), i
+
+
+def test_a_change_named_after_tuning_is_tried_as_one_more_trial() -> None:
+    # Tuning ends at the baseline (compute-bound: nothing automatic to try); then the reads
+    # slow down and a monitoring window names more workers: the loop tries them, instead of
+    # the report recommending what the loop never tried.
+    callback = _callback(max_trials=2, settle_steps=1, monitor_window_steps=8)
+    loader = DataLoader(SlowsDown(fast=8 * 12), batch_size=8)
+    _trainer([callback], max_steps=56).fit(MatmulModel(), loader)
+
+    trial = callback.trials[0]  # a second one may follow, while the budget pays
+    assert trial.knob == "num_workers" and trial.old == 0 and trial.first_step >= 12
+    changes = callback.report.to_dict()["knob_changes"]
+    assert changes[0]["reason"].startswith("trying: ")
+    assert callback.tuning.tuning_steps > 10, "the extra trial's steps count as tuning"

@@ -420,3 +420,49 @@ def test_on_a_gpu_host_fewer_workers_only_when_the_host_cpus_are_busy() -> None:
     assert "host CPUs 70 % busy" in rec.reason
     quiet = diagnose(window(100, 1, sampler=sampler(20.0), context=ctx))
     assert all(r.knob != "num_workers" for d in quiet for r in d.recommendations)
+
+
+def test_a_compute_bound_step_beside_busy_workers_gets_every_loader_knob_down() -> None:
+    ctx = JobContext(intra_op_threads=1, compiled=False, num_workers=4, cpus_per_rank=2,
+                     prefetch_factor=4, pin_memory=True, persistent_workers=True)  # fmt: skip
+    busy = SamplerSeries(
+        main_cpu_percent=(100.0,) * 5, worker_cpu_percent=(160.0,) * 5, num_worker_processes=4,
+        system_cpu_percent=(97.0,) * 5, available_ram_bytes=(GIB,) * 5,
+    )  # fmt: skip
+    top = diagnose(window(100, 1, context=ctx, sampler=busy))[0]
+    assert top.kind is BottleneckKind.COMPUTE
+    auto = [(r.knob, r.current, r.proposed) for r in top.recommendations if r.auto_apply]
+    # Fewer workers first; pinning only matters for copies to a GPU, so it is left alone here.
+    assert auto == [("num_workers", 4, 2), ("prefetch_factor", 4, 2),
+                    ("persistent_workers", True, False)]  # fmt: skip
+    assert "1.0 GiB of host RAM left" in top.recommendations[2].reason
+    # With RAM to spare persistence stays; with idle workers on idle CPUs nothing moves down.
+    roomy = dataclasses.replace(busy, available_ram_bytes=(20 * GIB,) * 5)
+    recs = diagnose(window(100, 1, context=ctx, sampler=roomy))[0].recommendations
+    assert "persistent_workers" not in [r.knob for r in recs]
+    spare = dataclasses.replace(busy, worker_cpu_percent=(2.0,) * 5, system_cpu_percent=(50.0,) * 5)
+    recs = diagnose(window(100, 1, context=ctx, sampler=spare))[0].recommendations
+    assert not {"num_workers", "prefetch_factor", "persistent_workers"} & {r.knob for r in recs}
+
+
+def test_on_a_busy_gpu_host_pinning_is_tried_off() -> None:
+    ctx = dataclasses.replace(H200, num_workers=16, precision="bf16-mixed", compiled=True,
+                              pin_memory=True)  # fmt: skip
+
+    def recs(system: float) -> list[tuple[str, object, object]]:
+        sampler = gpu(99, used_gib=100, worker_cpu_percent=(480.0,) * 5,
+                      num_worker_processes=16, system_cpu_percent=(system,) * 5)  # fmt: skip
+        found = diagnose(window(100, 1, sampler=sampler, context=ctx))
+        return [(r.knob, r.current, r.proposed) for d in found for r in d.recommendations]
+
+    assert ("pin_memory", True, False) in recs(70.0)
+    assert ("pin_memory", True, False) not in recs(20.0)
+
+
+def test_a_cpu_step_on_fewer_threads_than_free_cores_gets_more() -> None:
+    ctx = JobContext(intra_op_threads=1, compiled=False, num_workers=0, cpus_per_rank=4)
+    top = diagnose(window(100, 1, context=ctx, sampler=SamplerSeries(main_cpu_percent=(99.0,) * 5)))
+    rec = top[0].recommendations[0]
+    assert top[0].kind is BottleneckKind.COMPUTE
+    assert (rec.knob, rec.current, rec.proposed, rec.auto_apply) == ("intra_op_threads", 1, 4, True)
+    assert "computes on 1 of the 4 CPUs its workers leave" in rec.reason
