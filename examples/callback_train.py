@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (for tests)")
     args = parser.parse_args()
     pl.seed_everything(0, verbose=False)
-    callback = train(60 if args.smoke else args.steps, args.report_dir, 6 if args.smoke else 10)
+    callback = train(140 if args.smoke else args.steps, args.report_dir, 6 if args.smoke else 10)
     print(callback.tuning)
 
 

@@ -505,9 +505,8 @@ class Tuner:
         """
         ref = self.loop.ref
         step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
-        starts = worker_starts(change.settings, settings)
-        early = early_steps(self.config.window_steps)
-        return trial_risk_s(starts, self.switches.start_s(), early, step_s)
+        starts = [self.switches.start_s(n) for n in worker_starts(change.settings, settings)]
+        return trial_risk_s(starts, early_steps(self.config.window_steps), step_s)
 
     def _affordable(self, change: Try, settings: dict[str, Any]) -> bool:
         """Whether the budget left pays for a trial of ``change`` at worst (``_risk_s``)."""

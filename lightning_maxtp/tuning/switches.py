@@ -18,6 +18,7 @@ from lightning_maxtp.loader.candidate import LOADER_KNOBS
 
 __all__ = [
     "LOSING_SHARE",
+    "PER_WORKER_S",
     "WORKER_START_S",
     "Switches",
     "settle_excess_s",
@@ -26,10 +27,12 @@ __all__ = [
     "worker_starts",
 ]
 
-WORKER_START_S = 0.3
-"""What starting a loader's workers is taken to cost before one start was measured: new
-workers load their first batches while the step waits (measured on 2 CPUs: 0.24-0.28 s for 4
-workers whose batches take 48 ms each)."""
+WORKER_START_S = 0.1
+PER_WORKER_S = 0.05
+"""What starting a loader's workers is taken to cost before one start was measured:
+``WORKER_START_S`` plus this per worker. The old workers stop, new ones fork and load their
+first batches while the step waits (measured on 2 CPUs in a fit: 0.24-0.28 s for 4 workers
+whose batches take 48 ms each; alone, 35-110 ms to stop and restart 1-4 workers)."""
 
 LOSING_SHARE = 0.5
 """A losing trial's first steps, until it is cut short, are taken to run each this share of a
@@ -53,25 +56,27 @@ def starts_workers(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bo
     return bool(loader) and int(after or 0) > 0
 
 
-def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
-    """Worker starts a trial of ``change`` from ``settings`` makes at least: 0, 1 or 2.
+def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> list[int]:
+    """The workers each start of a trial of ``change`` from ``settings`` starts, at least.
 
-    A trial switches to its settings and, when they lose, back (``starts_workers`` each way).
+    A trial switches to its settings and, when they lose, back (``starts_workers`` each way):
+    ``[]``, ``[new]``, ``[old]`` or ``[new, old]`` worker counts.
     """
-    to = starts_workers(change, settings)
     if not any(k in LOADER_KNOBS and settings.get(k) != v for k, v in change.items()):
-        return 0
-    back = int(settings.get("num_workers") or 0) > 0
-    return int(to) + int(back)
+        return []
+    old = int(settings.get("num_workers") or 0)
+    new = int(change.get("num_workers", old) or 0)
+    return [n for n in (new, old) if n > 0]
 
 
-def trial_risk_s(starts: int, start_s: float, early_steps: int, step_s: float) -> float:
+def trial_risk_s(start_s: Sequence[float], early_steps: int, step_s: float) -> float:
     """What a trial costs at worst before its first window can revert it, seconds.
 
-    Its worker starts at ``start_s`` each, and its first ``early_steps`` steps (read before a
-    losing trial is cut short) each ``LOSING_SHARE`` of the reference's ``step_s`` longer.
+    Its worker starts (``start_s``, each one's expected cost), and its first ``early_steps``
+    steps (read before a losing trial is cut short) each ``LOSING_SHARE`` of the reference's
+    ``step_s`` longer.
     """
-    return starts * start_s + early_steps * step_s * LOSING_SHARE
+    return sum(start_s) + early_steps * step_s * LOSING_SHARE
 
 
 @dataclass
@@ -103,6 +108,12 @@ class Switches:
         self.pending_from, self.starts = None, False
         return excess
 
-    def start_s(self) -> float:
-        """What the next worker start is expected to cost: the dearest measured, or the prior."""
-        return max(self.measured) if self.measured else WORKER_START_S
+    def start_s(self, workers: int) -> float:
+        """What starting ``workers`` workers is expected to cost, seconds.
+
+        The dearest start measured, or before one was, the prior (``WORKER_START_S`` and
+        ``PER_WORKER_S`` each).
+        """
+        if self.measured:
+            return max(self.measured)
+        return WORKER_START_S + PER_WORKER_S * workers

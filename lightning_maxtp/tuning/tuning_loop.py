@@ -321,6 +321,11 @@ class TuningLoop:
                 # The stretch at the settings this trial replaced saved its share too.
                 share = 1 - self.baseline / window_rate(olds[0][0])
                 self.banked_steps += max(0.0, share) * (t.loop_step - self.kept_at)
+            baseline = self.baseline or 0.0
+            for w, _ in t.windows[1:]:  # and so did its windows, at the rate each ran
+                if baseline > 0 and window_rate(w) > 0:
+                    share = 1 - baseline / window_rate(w)
+                    self.banked_steps += max(0.0, share) * w.steps
             self.kept_at = self.steps
         else:
             self.ref, self.ref_found = olds[-1]

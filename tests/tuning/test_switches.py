@@ -4,6 +4,7 @@ import pytest
 
 from lightning_maxtp.tuning.switches import (
     LOSING_SHARE,
+    PER_WORKER_S,
     WORKER_START_S,
     Switches,
     settle_excess_s,
@@ -25,35 +26,38 @@ def test_settle_steps_cost_only_their_excess_over_the_reference() -> None:
 @pytest.mark.parametrize(
     ("change", "settings", "to", "starts"),
     [
-        ({"num_workers": 1}, MAIN, True, 1),  # to workers; back to the main process: free
-        ({"num_workers": 0}, LOADER, False, 1),  # stopping workers is free; back starts them
-        ({"prefetch_factor": 8}, LOADER, True, 2),  # new workers each way
-        ({"prefetch_factor": 4}, LOADER | {"prefetch_factor": 4}, False, 0),  # no change
-        ({"intra_op_threads": 1}, LOADER, False, 0),  # not the loader's
-        ({"precision": "bf16-mixed"}, MAIN, False, 0),
+        ({"num_workers": 1}, MAIN, True, [1]),  # to workers; back to the main process: free
+        ({"num_workers": 0}, LOADER, False, [4]),  # stopping workers is free; back starts them
+        ({"num_workers": 2}, LOADER, True, [2, 4]),
+        ({"prefetch_factor": 8}, LOADER, True, [4, 4]),  # new workers each way
+        ({"prefetch_factor": 4}, LOADER | {"prefetch_factor": 4}, False, []),  # no change
+        ({"intra_op_threads": 1}, LOADER, False, []),  # not the loader's
+        ({"precision": "bf16-mixed"}, MAIN, False, []),
     ],
 )
 def test_worker_starts_are_counted_each_way(
-    change: dict[str, object], settings: dict[str, object], to: bool, starts: int
+    change: dict[str, object], settings: dict[str, object], to: bool, starts: list[int]
 ) -> None:
     assert starts_workers(change, settings) is to
     assert worker_starts(change, settings) == starts
 
 
 def test_a_trial_risks_its_worker_starts_and_its_first_steps() -> None:
-    assert trial_risk_s(2, 0.3, 4, 0.01) == pytest.approx(0.6 + 4 * 0.01 * LOSING_SHARE)
-    assert trial_risk_s(0, 0.3, 4, 0.25) == pytest.approx(4 * 0.25 * LOSING_SHARE)
+    assert trial_risk_s([0.3, 0.3], 4, 0.01) == pytest.approx(0.6 + 4 * 0.01 * LOSING_SHARE)
+    assert trial_risk_s([], 4, 0.25) == pytest.approx(4 * 0.25 * LOSING_SHARE)
 
 
 def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     switches = Switches()
-    assert switches.start_s() == WORKER_START_S  # the prior, before any start was measured
+    # The prior, before any start was measured: more workers take longer to start.
+    assert switches.start_s(4) == pytest.approx(WORKER_START_S + 4 * PER_WORKER_S)
+    assert switches.start_s(1) < switches.start_s(4)
     switches.mark(10, starts=False)
     switches.mark(12, starts=True)  # a revert and the next trial before one window: one settle
     assert switches.pending_from == 10 and switches.starts
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
     assert switches.pending_from is None and switches.measured == [pytest.approx(0.4)]
-    assert switches.start_s() == pytest.approx(0.4)
+    assert switches.start_s(1) == pytest.approx(0.4)  # measured: the dearest, for any count
     switches.mark(20, starts=False)  # a thread change: charged, yet no start to learn from
     assert switches.charge([0.2], 0.1) == pytest.approx(0.1)
     assert switches.measured == [pytest.approx(0.4)]

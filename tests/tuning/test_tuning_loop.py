@@ -84,6 +84,10 @@ def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     ref, new = (1 / 10 + 1 / 9.8) / 2, (1 / 5 + 1 / 5.2) / 2  # mean rates, in rate units
     noise = max(abs(1 / 10 - 1 / 9.8) / ref, abs(1 / 5 - 1 / 5.2) / new)
     assert trial.noise == pytest.approx(noise) and trial.gain > 2 * noise
+    # Its windows at the faster settings already saved time: half a baseline step each of T1's
+    # 10 steps, 0.48 of T2's; R2, at the reference's settings, saved 2 % of one each.
+    banked = 10 * (1 - 50 / 100) + 10 * (1 - 52 / 100) + 10 * (1 - 98 / 100)
+    assert lp.banked_steps == pytest.approx(banked) and lp.kept_at == lp.steps
     settings = SETTINGS | {"num_workers": 1, "prefetch_factor": 2}
     assert lp.decide(settings, device_type="cpu") == Stop(
         "no auto-applicable knob left for the compute bottleneck"
