@@ -14,6 +14,7 @@ from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 from lightning_maxtp.tuning.decisions import Try
 from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN
+from lightning_maxtp.tuning.switches import PER_WORKER_S, WORKER_START_S
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_LOADER_MEASURE_S",
     "SEARCH_FLOOR_BATCHES",
-    "WORKER_START_S",
     "measure_loader",
     "most_workers",
     "plan_change",
@@ -40,8 +40,6 @@ slice of a fraction of a second plus worker start-up): skipped."""
 SEARCH_FLOOR_BATCHES = 10
 """Batches the search loads before it can compare no worker with one: 1 warm-up and 3 timed
 without workers, 2 warm-up and 4 timed with one (``loader.measure``)."""
-WORKER_START_S = 0.5
-"""What starting a worker and its first batch adds, on top of loading batches."""
 
 
 def search_floor_s(window: Window) -> float:
@@ -57,7 +55,8 @@ def search_floor_s(window: Window) -> float:
     if rate <= 0 or not window.samples:
         return MIN_LOADER_MEASURE_S
     batch_s = sum(window.samples) / len(window.samples) / rate
-    return max(MIN_LOADER_MEASURE_S, SEARCH_FLOOR_BATCHES * batch_s + WORKER_START_S)
+    start = WORKER_START_S + PER_WORKER_S  # one worker's start, as a trial's is predicted
+    return max(MIN_LOADER_MEASURE_S, SEARCH_FLOOR_BATCHES * batch_s + start)
 
 
 def plan_line(

@@ -484,11 +484,13 @@ class Tuner:
                 cost_now = self.summary.cost
                 left = cost_now.left_s if cost_now is not None else math.inf
                 math_knob = self.math_trials.change(decision.kind, left)
-            elif isinstance(decision, Try) and not self._affordable(decision, settings):
+            elif (
+                isinstance(decision, Try)
+                and decision is not plan  # its trial's cost was set aside before measuring
+                and not self._affordable(decision, settings)
+            ):
                 unpaid = unpaid or self._unpaid(decision, settings)
-                if decision is plan:
-                    plan = None
-                elif decision is math_knob:
+                if decision is math_knob:
                     math_knob = None
                 else:
                     self.loop.skipped |= {(k, repr(v)) for k, v in decision.settings.items()}
@@ -546,13 +548,17 @@ class Tuner:
         share = 1 - ref.samples_per_s / max(ref.device_samples_per_s, 1e-9)
         potential = 0.0 if rest is None else rest * max(0.0, share)
         # Training waits while the loader is measured: the budget left bounds it beforehand
-        # (savings only expected never raise it).
-        seconds = min(self.config.loader_time_budget_s, cost.left_s if cost else math.inf)
+        # (savings only expected never raise it), less what the trial it proposes may cost.
+        trial = Try("loader plan", {"num_workers": most or 1}, "")
+        reserve = self._risk_s(trial, self.knobs.context())
+        left = (cost.left_s if cost else math.inf) - reserve
+        seconds = min(self.config.loader_time_budget_s, left)
         floor = search_floor_s(ref)
         if seconds < floor:  # the search would end before it measured one worker in full
             self.note(
                 "the loader is not measured alone: comparing no worker with one needs about "
-                f"{floor:.1f} s, and training may wait only {seconds:.2f} s for it (the "
+                f"{floor:.1f} s, and training may wait only {max(0.0, seconds):.2f} s for it "
+                f"({reserve:.2f} s of the budget left kept for the trial it would propose; the "
                 f"tuning budget is {self.cost.budget_s or 0:.2f} s of an expected "
                 f"{self.cost.expected_fit_s or 0:.1f} s fit; a loader fast enough would save at "
                 f"most {potential:.1f} s); single knobs are tried on real steps instead"

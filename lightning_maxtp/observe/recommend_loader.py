@@ -15,7 +15,7 @@ from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
 from lightning_maxtp.observe.recommend import Recommendation, main_threads, workers_of
 from lightning_maxtp.observe.window import JobContext, Window
 
-__all__ = ["data_pipeline", "loader_rates", "storage"]
+__all__ = ["data_pipeline", "idle_cores", "loader_rates", "storage"]
 
 
 def loader_rates(window: Window) -> tuple[float, float]:
@@ -46,18 +46,60 @@ def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> R
     return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
 
 
+def idle_cores(window: Window) -> float | None:
+    """On a CPU device: cores the training process leaves idle while it computes.
+
+    The process's CPU over the window, less what the main thread used while it waited for
+    data, over the computing time; ``None`` off the CPU or without the measurements.
+    """
+    ctx, sampler = window.context, window.sampler
+    cpus, mean = ctx.cpus_per_rank, sampler.mean_main_cpu
+    wait, total = sum(window.data_wait_s), window.total_s
+    if ctx.device_type != "cpu" or cpus is None or mean is None or total - wait <= 0:
+        return None
+    waiting = wait * (window.wait_cpu_share or 0.0)
+    computing = max(0.0, mean / 100 * total - waiting) / (total - wait)
+    return max(0.0, cpus - computing)
+
+
 def _predicted(window: Window, rec: Recommendation) -> Recommendation:
     """``rec`` (workers from none) with the gain the main process's own loading predicts.
 
     Loading in the main process while the step waits is the loader measured alone: each
     worker loads about as fast, beside the step instead of before it, up to what the device
-    consumes. Only from no workers, and only for a change the loop may make by itself.
+    consumes. On a CPU device a worker loads on the same cores as the step: what it hides is
+    the loading's waits (reads) and, of its CPU work, what fits on the cores the step leaves
+    idle. Only from no workers, and only for a change the loop may make by itself.
     """
     if workers_of(window) != 0 or not rec.auto_apply or window.samples_per_s <= 0:
         return rec
     device_rate, loader_rate = loader_rates(window)
     expected = min(device_rate, loader_rate * int(rec.proposed)) / window.samples_per_s - 1
+    idle = idle_cores(window)
+    if idle is not None:
+        samples = max(1, sum(window.samples))
+        now = 1 / window.samples_per_s  # seconds per sample: computing, then loading
+        wait = sum(window.data_wait_s) / samples
+        busy = wait * (window.wait_cpu_share or 0.0)  # the loading's CPU work
+        hidden = (wait - busy) + min(busy, idle * max(0.0, now - wait))
+        expected = min(expected, now / max(now - hidden, 1e-12) - 1)
     return dataclasses.replace(rec, expected_gain=round(expected, 4))
+
+
+def _no_core_for_workers(window: Window, rec: Recommendation) -> Recommendation:
+    """``rec`` left to the user when a CPU step leaves no core for a worker to load on.
+
+    Its predicted gain (``_predicted``) under ``MIN_GAIN``: the loader is then neither
+    measured alone nor tried, since a worker could only take CPU from the step.
+    """
+    gain, idle = rec.expected_gain, idle_cores(window)
+    if idle is None or gain is None or gain >= th.MIN_GAIN or not rec.auto_apply:
+        return rec
+    why = (
+        f"{rec.reason}; but loading here is CPU work and the step leaves {idle:.1f} of "
+        f"{window.context.cpus_per_rank} cores idle: a worker is predicted at {gain:+.0%}"
+    )
+    return dataclasses.replace(rec, reason=why, auto_apply=False)
 
 
 def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
@@ -120,7 +162,8 @@ def data_pipeline(window: Window) -> list[Recommendation]:
             )
         elif budget is not None:
             reason += f"; CPU budget {budget} workers"
-        recs.append(_predicted(window, _num_workers(ctx, workers, proposed, reason)))
+        rec = _predicted(window, _num_workers(ctx, workers, proposed, reason))
+        recs.append(_no_core_for_workers(window, rec))
     recs += _loader_tail(ctx, workers, max(proposed, workers))
     threads = main_threads(ctx, workers)
     if threads is not None:
@@ -158,7 +201,8 @@ def storage(window: Window) -> list[Recommendation]:
     recs: list[Recommendation] = []
     if proposed > workers:
         reason = "workers wait on reads: more reads in flight hide latency"
-        recs.append(_predicted(window, _num_workers(ctx, workers, proposed, reason)))
+        rec = _predicted(window, _num_workers(ctx, workers, proposed, reason))
+        recs.append(_no_core_for_workers(window, rec))
     if workers > 0 and (ctx.prefetch_factor or 2) < 8:
         recs.append(
             Recommendation(

@@ -56,6 +56,14 @@ CONVERGED = ("no bottleneck above threshold", "no auto-applicable knob left", "m
 """Stop reasons that mean nothing was left to try (the settings are worth carrying)."""
 
 
+def _wants_workers(found: tuple[Diagnosis, ...]) -> bool:
+    """Whether the top diagnosis may change the workers by itself (worth measuring the loader).
+
+    Not when a CPU step leaves no core for a worker (``recommend_loader``).
+    """
+    return any(r.knob == "num_workers" and r.auto_apply for r in found[0].recommendations)
+
+
 def window_rate(window: Window) -> float:
     """Samples/s of a window with stalls capped (``Window.samples_per_s``)."""
     return window.samples_per_s
@@ -369,7 +377,7 @@ class TuningLoop:
         if elapsed >= self.config.time_budget_s:
             return Stop(f"time_budget_s={self.config.time_budget_s:g} spent")
         found = self.ref_found
-        if plan is ASK and found and found[0].kind.value in DATA_KINDS:
+        if plan is ASK and found and found[0].kind.value in DATA_KINDS and _wants_workers(found):
             return MeasureLoader()
         change = self.next_try(found, settings, device_type=device_type)
         kind = found[0].kind.value if found else "unknown"

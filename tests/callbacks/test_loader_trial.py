@@ -6,6 +6,7 @@ import pytest
 
 from lightning_maxtp.callbacks.loader_trial import search_floor_s
 from lightning_maxtp.observe import JobContext, SamplerSeries, Window
+from lightning_maxtp.tuning.switches import PER_WORKER_S, WORKER_START_S
 
 
 def test_the_search_floor_is_ten_batches_of_loading_plus_a_worker_start() -> None:
@@ -17,7 +18,7 @@ def test_the_search_floor_is_ten_batches_of_loading_plus_a_worker_start() -> Non
         sampler=SamplerSeries(),
         context=JobContext(num_workers=0),
     )
-    assert search_floor_s(w) == pytest.approx(10 * 0.24 + 0.5)
+    assert search_floor_s(w) == pytest.approx(10 * 0.24 + WORKER_START_S + PER_WORKER_S)
     fast = Window(
         step_time_s=(0.01,) * 12,
         data_wait_s=(0.001,) * 12,

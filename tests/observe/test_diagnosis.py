@@ -466,3 +466,22 @@ def test_a_cpu_step_on_fewer_threads_than_free_cores_gets_more() -> None:
     assert top[0].kind is BottleneckKind.COMPUTE
     assert (rec.knob, rec.current, rec.proposed, rec.auto_apply) == ("intra_op_threads", 1, 4, True)
     assert "computes on 1 of the 4 CPUs its workers leave" in rec.reason
+
+
+def test_on_a_cpu_whose_step_keeps_every_core_busy_a_worker_is_not_tried_for_cpu_loading() -> None:
+    ctx = JobContext(intra_op_threads=2, compiled=False, num_workers=0, cpus_per_rank=2)
+
+    def workers(wait_cpu: float, main_cpu: float) -> object:
+        sampler = SamplerSeries(main_cpu_percent=(main_cpu,) * 5)
+        found = diagnose(window(100, 15, wait_cpu=wait_cpu, sampler=sampler, context=ctx))
+        return next(r for d in found for r in d.recommendations if r.knob == "num_workers")
+
+    # Decoding in the main process (its wait is CPU work) beside a step on both cores: a
+    # worker would decode on the same cores; the loader is neither measured nor tried.
+    decode = workers(1.0, 185.0)
+    assert not decode.auto_apply and decode.expected_gain is not None
+    assert decode.expected_gain < 0.05
+    assert "the step leaves 0.0 of 2 cores idle" in decode.reason
+    # Waiting on reads (little CPU): a worker hides the wait, whatever the cores do.
+    reads = workers(0.1, 171.5)
+    assert reads.auto_apply and reads.expected_gain == pytest.approx(0.1 / 0.0865 - 1, abs=0.01)
