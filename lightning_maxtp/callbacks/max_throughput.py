@@ -65,7 +65,9 @@ class MaxThroughputCallback(Callback):
     rank zero decides and every rank applies the same change at the same step.
 
     Throughput of a window is its samples over its step times, a step longer than 3 mean steps
-    counted as 3 (a stall from another process on a shared machine must not decide a knob).
+    and than every other step of the window counted as the longer of the two (a stall from
+    another process on a shared machine must not decide a knob; a loader's recurring wait is
+    counted as it is).
 
     What it logs and shows (``callbacks.metrics`` has the same table):
 

@@ -190,6 +190,15 @@ class StepClock(Callback):
         if len(self._buf["step"]) >= self.window_steps:
             self._close(trainer)
 
+    def restart_step(self) -> None:
+        """The time since the last step ended belongs to no step.
+
+        For training blocked by the library itself between steps (the loader measured alone,
+        counted as blocked): the next step is timed from now, not from its predecessor's end.
+        """
+        if self._last_end is not None:
+            self._last_end, self._last_end_cpu = time.perf_counter(), time.thread_time()
+
     def _append(self, now: float, step_s: float, wait_s: float, cpu: float) -> None:
         b = self._buf
         b["step"].append(step_s)

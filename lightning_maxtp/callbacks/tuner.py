@@ -141,6 +141,8 @@ class Tuner:
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
         """The windows under the settings in force before one more trial began after tuning."""
+        self._unpaid_noted: set[str] = set()
+        """The changes already noted as not tried for want of budget."""
         self.switches = Switches()
         """The pending switch (charged when its settle steps end) and the restarts measured."""
 
@@ -191,8 +193,8 @@ class Tuner:
 
     def state(self) -> dict[str, Any]:
         """What to carry into a checkpoint or the next fit: the settings tuning converged to."""
-        if self.loader is None or not self.loop.converged:
-            return {}
+        if self.loader is None or not self.loop.converged or not self.loop.finished:
+            return {}  # not mid-trial either (one more trial after tuning converged)
         machine = machine_key(self.resources, self.world_size)
         settings = {**self.loader.settings(), **self.math.in_force}
         return state(settings, machine, loader_key(self.source_loader))
@@ -335,22 +337,27 @@ class Tuner:
         loop = self.loop
         if not loop.converged or self.loader is None or self._settle_left:
             return
+        if loop.baseline is None:  # settings carried from an earlier fit: no budget measured
+            return
         change = None
         if trainer.is_global_zero and len(loop.trials) < self.config.max_trials:
             settings = self.knobs.context()
             device = self.monitor.context.device_type
+            loop.skipped.clear()
             change = loop.next_try(tuple(found), settings, device_type=device)
+            if change is not None and not loop.time_left():
+                change = None
             if change is not None and not self._affordable(change, settings):
+                self._unpaid(change, settings, once=True)
                 change = None
         if trainer.world_size > 1:
             change = trainer.strategy.broadcast(change, src=0)
         if change is None:
             return
         self.final.pop()  # the window becomes the reference
-        self._before_resume = self.final[:]
-        self.final.clear()
         loop.resume(window, found)
         self.monitor.window_steps = self.config.window_steps
+        self._tuning_span.append(self.monitor.elapsed_s())
         self.say(f"one more trial after tuning: {top_line(found)}")
         self._start_trial(trainer, change)
 
@@ -403,11 +410,11 @@ class Tuner:
         return "the fit ended first"
 
     def _spans(self) -> tuple[tuple[str, float, float], ...]:
-        tuning = self._tuning_span
-        if not tuning:
-            return tuple(self.spans)
-        end = tuning[1] if len(tuning) > 1 else self.monitor.elapsed_s()
-        return (("tuning", tuning[0], end), *self.spans)
+        # Start and end in turn: tuning, then one more trial after it, ...; one left open runs
+        # until now.
+        ends = [*self._tuning_span, self.monitor.elapsed_s()]
+        spans = [("tuning", ends[i], ends[i + 1]) for i in range(0, len(self._tuning_span), 2)]
+        return (*spans, *self.spans)
 
     def adopt_carried(self, trainer: pl.Trainer) -> None:
         """Apply the carried settings when they match (rank zero decides under DDP)."""
@@ -476,6 +483,7 @@ class Tuner:
         plan: Try | Ask | None = ASK if wants_plan else None
         math_knob: Try | Ask | None = ASK
         unpaid = ""
+        self.loop.skipped.clear()  # the budget may pay now for what it could not before
         while True:
             decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
             if isinstance(decision, MeasureLoader):
@@ -489,7 +497,8 @@ class Tuner:
                 and decision is not plan  # its trial's cost was set aside before measuring
                 and not self._affordable(decision, settings)
             ):
-                unpaid = unpaid or self._unpaid(decision, settings)
+                text = self._unpaid(decision, settings)  # each one noted; the first says why
+                unpaid = unpaid or text  # the loop stops, if it does
                 if decision is math_knob:
                     math_knob = None
                 else:
@@ -514,14 +523,20 @@ class Tuner:
         """Whether the budget left pays for a trial of ``change`` at worst (``_risk_s``)."""
         return self._cost().left_s >= self._risk_s(change, settings)
 
-    def _unpaid(self, change: Try, settings: dict[str, Any]) -> str:
-        """Why ``change`` was not tried for want of budget (a note, and the stop reason)."""
+    def _unpaid(self, change: Try, settings: dict[str, Any], *, once: bool = False) -> str:
+        """Why ``change`` was not tried for want of budget (a note, and the stop reason).
+
+        With ``once``, noted only the first time this change is turned down.
+        """
         text = (
             f"{change.knob} {fmt_settings(change.settings)} may cost "
             f"{self._risk_s(change, settings):.2f} s before a window can revert it (worker "
             f"starts, its first steps), {max(0.0, self._cost().left_s):.2f} s of the budget is left"
         )
-        self.note(f"not tried: {text}")
+        key = fmt_settings(change.settings)
+        if not once or key not in self._unpaid_noted:
+            self._unpaid_noted.add(key)
+            self.note(f"not tried: {text}")
         return text
 
     def _plan_change(self) -> Try | None:
@@ -584,6 +599,7 @@ class Tuner:
         finally:
             blocked = self.cost.blocked_s + time.perf_counter() - started
             self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
+            self.monitor.clock.restart_step()  # blocked, counted here: in no step's time
             self.spans.append(("blocked", at, self.monitor.elapsed_s()))
         return plan_change(self.loader_plan, self.loader.settings(), window_rate(self.loop.ref))
 
@@ -592,6 +608,9 @@ class Tuner:
         knob, new, why = change.knob, change.settings, change.why
         old = self.knobs.current(new)
         self._last_knob, self._last_old = knob, old
+        if self.final:  # one more trial after tuning: its windows are under the old settings
+            self._before_resume = [*(self._before_resume or []), *self.final]
+            self.final.clear()
         self.math_trials.start(trainer, knob)
         self._mark_switch(new)
         self.knobs.request(**new)
@@ -650,7 +669,7 @@ class Tuner:
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over (``TuningLoop.stop``): from now on the fit is only monitored."""
         self.loop.stop(reason, converged=converged)
-        if len(self._tuning_span) == 1:
+        if len(self._tuning_span) % 2:
             self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps
         self.monitor.window_steps = steps

@@ -42,6 +42,8 @@ class FusedOptimizer(BaseKnob):
     def __init__(self) -> None:
         self._was: dict[int, tuple[Any, Any]] = {}
         """Per param group (by id): its ``fused`` and ``foreach`` before the first switch."""
+        self._start: bool | None = None
+        """The knob's value before the first switch (``None``: not switched yet)."""
 
     @override
     def current(self, fit: FitView) -> bool:
@@ -62,17 +64,17 @@ class FusedOptimizer(BaseKnob):
 
     @override
     def apply(self, fit: FitView, value: Any) -> None:
+        if self._start is None:
+            self._start = self.current(fit)
         for optimizer, group in fused_groups(fit.trainer):
-            fused, foreach = self._was.setdefault(
-                id(group), (group.get("fused"), group.get("foreach"))
-            )
-            if value:  # fused and foreach exclude each other
+            was = self._was.setdefault(id(group), (group.get("fused"), group.get("foreach")))
+            if bool(value) == self._start:  # back to how the fit started, group by group
+                group["fused"], group["foreach"] = was
+            elif value:  # fused and foreach exclude each other
                 group["fused"], group["foreach"] = True, False
-            elif fused:  # fused by hand: off, torch's default step instead
+            else:  # fused by hand: off, torch's default step instead
                 group["fused"], group["foreach"] = None, None
-            else:
-                group["fused"], group["foreach"] = fused, foreach
-            steps_to(optimizer, group, fused=bool(value))
+            steps_to(optimizer, group, fused=bool(group["fused"]))
 
 
 def fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[str, Any]]]:

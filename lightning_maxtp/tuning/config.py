@@ -68,8 +68,9 @@ class TuningConfig:
     """After tuning, a window this much slower than the tuned rate is reported."""
     cost_share: float | None = 0.05
     """Tuning may cost at most this share of the fit's expected time at the baseline rate
-    (training blocked while the loader is measured alone, and windows at slower settings): a
-    short run skips the loader measurement and stops trying sooner. ``None``: only
+    (training blocked while the loader is measured alone, windows at slower settings, and the
+    steps right after each switch), paid for before it is spent: a short run skips the loader
+    measurement and the trials it cannot pay for. ``None``: only
     ``time_budget_s`` bounds tuning. The report gives the net effect."""
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ __all__ = ["TuningCost", "capped_s", "lost_s"]
 
 
 def capped_s(window: Window) -> float:
-    """A window's time as its rate counts it (a stall capped at 3 mean steps)."""
+    """A window's time as its rate counts it (a stall capped: ``window.robust_rate``)."""
     rate = window.samples_per_s
     return sum(window.samples) / rate if rate > 0 else 0.0
 

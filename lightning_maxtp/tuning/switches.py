@@ -87,6 +87,8 @@ class Switches:
     """Where in the step log the pending switch began (``None``: none pending)."""
     starts: bool = False
     """Whether the pending switch starts workers."""
+    switches: int = 0
+    """Switches requested since the pending one began (a revert, then the next trial: 2)."""
     measured: list[float] = field(default_factory=list)
     """The excess of each worker start measured so far, seconds."""
 
@@ -99,13 +101,14 @@ class Switches:
         if self.pending_from is None:
             self.pending_from = at
         self.starts = self.starts or starts
+        self.switches += 1
 
     def charge(self, step_s: Sequence[float], ref_step_s: float) -> float:
         """The pending switch's settle steps are over (``step_s``): their excess, in seconds."""
         excess = settle_excess_s(step_s, ref_step_s)
-        if self.starts:
+        if self.starts and self.switches == 1:  # what one start cost, not two run together
             self.measured.append(excess)
-        self.pending_from, self.starts = None, False
+        self.pending_from, self.starts, self.switches = None, False, 0
         return excess
 
     def start_s(self, workers: int) -> float:

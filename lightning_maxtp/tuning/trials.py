@@ -221,7 +221,9 @@ def next_change(
         grows = rec.knob == "num_workers" and int(rec.proposed) > settings["num_workers"]
         if grows and max_workers is not None:  # the user's cap limits growth, not fewer workers
             value = min(int(rec.proposed), max_workers)
-            return None if value <= settings["num_workers"] else (rec.knob, value, rec.reason)
+            if value <= settings["num_workers"] or (rec.knob, repr(value)) in tried:
+                continue
+            return rec.knob, value, rec.reason
         return rec.knob, rec.proposed, rec.reason
     return None
 

@@ -106,7 +106,8 @@ class TuningLoop:
         self.trials: list[KnobTrial] = []
         self.tried: set[tuple[str, str]] = set()
         self.skipped: set[tuple[str, str]] = set()
-        """``(knob, repr(value))`` changes not tried: the budget left could not pay for them."""
+        """``(knob, repr(value))`` changes the budget left could not pay for, in the decision
+        under way (cleared before each: the budget may have grown since)."""
         self.ref: Window | None = None
         self.ref_found: tuple[Diagnosis, ...] = ()
         self.baseline: float | None = None
@@ -330,7 +331,7 @@ class TuningLoop:
                 share = 1 - self.baseline / window_rate(olds[0][0])
                 self.banked_steps += max(0.0, share) * (t.loop_step - self.kept_at)
             baseline = self.baseline or 0.0
-            for w, _ in t.windows[1:]:  # and so did its windows, at the rate each ran
+            for w, _ in t.windows[1:]:  # and so did the trial's windows, at the rate each ran
                 if baseline > 0 and window_rate(w) > 0:
                     share = 1 - baseline / window_rate(w)
                     self.banked_steps += max(0.0, share) * w.steps
@@ -358,8 +359,9 @@ class TuningLoop:
         Args:
             settings: The loader's settings now in force.
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
-            plan: ``ASK`` to have the loader measured alone when the reference is data-bound;
-                then the trial that measurement proposes, or ``None`` (none, or not wanted).
+            plan: ``ASK`` to have the loader measured alone when the reference is data-bound
+                and its diagnosis may change the workers by itself; then the trial that
+                measurement proposes, or ``None`` (none, or not wanted).
             math: ``ASK`` to be asked for a math knob when no loader or thread knob is left;
                 then its trial, or ``None`` (none, or not wanted).
         """
@@ -418,6 +420,11 @@ class TuningLoop:
         )
         return Try(knob, {knob: value}, reason, expected)
 
+    def time_left(self) -> bool:
+        """Whether ``time_budget_s`` still lets a trial start."""
+        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
+        return elapsed < self.config.time_budget_s
+
     def resume(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
         """Tuning resumes after it stopped: ``window``, measured since, names a change not tried.
 
@@ -437,8 +444,12 @@ class TuningLoop:
                 converged settings are carried into a checkpoint or the next fit, not those of
                 tuning cut short by a budget.
         """
+        resumed_converged = self._resumed is not None and self.converged
         self.stop_reason, self.phase = reason, "monitor"
         self.converged = reason.startswith(CONVERGED) if converged is None else converged
+        # Tuning had converged before one more trial; a budget that stops it after that trial
+        # leaves settings as worth carrying as they were.
+        self.converged = self.converged or resumed_converged
         self._close()
 
     def _close(self) -> None:

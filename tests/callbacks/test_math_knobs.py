@@ -208,3 +208,29 @@ def test_knobs_set_by_hand_that_can_slow_a_cpu_are_offered_off_and_back() -> Non
     on_gpu.set("channels_last", True)
     on_gpu.in_force.clear()  # as if the user had set it
     assert on_gpu.offer("channels_last") == NotOffered("already on", quiet=True)
+
+
+def test_a_fused_trial_on_mixed_groups_puts_each_group_back_as_the_user_set_it() -> None:
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    module = ConvModel()
+    params = list(module.parameters())
+    optimizer = torch.optim.Adam(
+        [{"params": params[:2], "fused": True}, {"params": params[2:]}], lr=1e-3
+    )
+    trainer = SimpleNamespace(
+        lightning_module=module, optimizers=[optimizer], precision="32-true",
+        strategy=SingleDeviceStrategy(torch.device("cpu")),
+    )  # fmt: skip
+    knobs = MathKnobs(("fused_optimizer",))
+    knobs.bind(trainer)  # type: ignore[arg-type]
+    _step(module, optimizer)
+    before = [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups]
+    offer = knobs.offer("fused_optimizer")  # one group of two fused: the knob is off
+    assert isinstance(offer, Offer) and (offer.current, offer.proposed) == (False, True)
+    knobs.set("fused_optimizer", True)
+    assert all(g["fused"] for g in optimizer.param_groups)
+    _step(module, optimizer)
+    knobs.set("fused_optimizer", False)  # reverted: the group fused by hand stays fused
+    assert [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups] == before
+    _step(module, optimizer)

@@ -271,3 +271,16 @@ def test_one_step_epochs_are_measured_across_epoch_boundaries() -> None:
     tuning = callback.tuning
     assert tuning.baseline_samples_per_s is not None and tuning.baseline_samples_per_s > 0
     assert "before the baseline was measured" not in tuning.stop_reason
+
+
+def test_time_the_library_blocked_training_belongs_to_no_step() -> None:
+    import time
+
+    from lightning_maxtp.callbacks.step_clock import StepClock
+
+    clock = StepClock(window_steps=4, sampler_interval_s=None)
+    clock.restart_step()  # before any step: nothing to restart
+    assert clock._last_end is None
+    clock._last_end = time.perf_counter() - 5.0  # a step ended, then 5 s of loader search
+    clock.restart_step()
+    assert time.perf_counter() - clock._last_end < 1.0

@@ -14,6 +14,7 @@ import pytest
 from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
+from lightning_maxtp.observe.recommend import Recommendation
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -471,17 +472,19 @@ def test_a_cpu_step_on_fewer_threads_than_free_cores_gets_more() -> None:
 def test_on_a_cpu_whose_step_keeps_every_core_busy_a_worker_is_not_tried_for_cpu_loading() -> None:
     ctx = JobContext(intra_op_threads=2, compiled=False, num_workers=0, cpus_per_rank=2)
 
-    def workers(wait_cpu: float, main_cpu: float) -> object:
-        sampler = SamplerSeries(main_cpu_percent=(main_cpu,) * 5)
-        found = diagnose(window(100, 15, wait_cpu=wait_cpu, sampler=sampler, context=ctx))
+    def workers(wait_cpu: float, context: JobContext = ctx) -> Recommendation:
+        sampler = SamplerSeries(main_cpu_percent=(180.0,) * 5)
+        found = diagnose(window(100, 15, wait_cpu=wait_cpu, sampler=sampler, context=context))
         return next(r for d in found for r in d.recommendations if r.knob == "num_workers")
 
     # Decoding in the main process (its wait is CPU work) beside a step on both cores: a
-    # worker would decode on the same cores; the loader is neither measured nor tried.
-    decode = workers(1.0, 185.0)
-    assert not decode.auto_apply and decode.expected_gain is not None
-    assert decode.expected_gain < 0.05
-    assert "the step leaves 0.0 of 2 cores idle" in decode.reason
+    # worker would decode on the step's cores; the loader is neither measured nor tried.
+    decode = workers(1.0)
+    assert not decode.auto_apply and decode.expected_gain == pytest.approx(0.0)
+    assert "the step computes on all 2 cores (2 threads) 85% of the time" in decode.reason
     # Waiting on reads (little CPU): a worker hides the wait, whatever the cores do.
-    reads = workers(0.1, 171.5)
+    reads = workers(0.1)
     assert reads.auto_apply and reads.expected_gain == pytest.approx(0.1 / 0.0865 - 1, abs=0.01)
+    # A step on one thread leaves a core for a worker: the loading's whole time is predicted.
+    one = workers(1.0, dataclasses.replace(ctx, intra_op_threads=1))
+    assert one.auto_apply and one.expected_gain is not None and one.expected_gain > 0.05

@@ -56,8 +56,12 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     switches.mark(12, starts=True)  # a revert and the next trial before one window: one settle
     assert switches.pending_from == 10 and switches.starts
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
-    assert switches.pending_from is None and switches.measured == [pytest.approx(0.4)]
+    assert switches.pending_from is None
+    assert switches.measured == [], "two switches run together say nothing of one start"
+    switches.mark(20, starts=True)
+    assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
+    assert switches.measured == [pytest.approx(0.4)]
     assert switches.start_s(1) == pytest.approx(0.4)  # measured: the dearest, for any count
-    switches.mark(20, starts=False)  # a thread change: charged, yet no start to learn from
+    switches.mark(30, starts=False)  # a thread change: charged, yet no start to learn from
     assert switches.charge([0.2], 0.1) == pytest.approx(0.1)
     assert switches.measured == [pytest.approx(0.4)]

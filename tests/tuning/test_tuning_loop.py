@@ -286,3 +286,27 @@ def test_a_loader_plan_does_not_bring_back_settings_measured_slower() -> None:
     assert lp.decide(SETTINGS, device_type="cpu", plan=plan) != plan
     other = Try("loader plan", {"num_workers": 2, "prefetch_factor": 4}, "measured alone")
     assert lp.decide(SETTINGS, device_type="cpu", plan=other) == other
+
+
+def test_a_capped_worker_change_already_tried_is_not_offered_again() -> None:
+    from lightning_maxtp.tuning.trials import next_change
+
+    recs = (Recommendation("num_workers", 0, 6, "more workers", True),)
+    found = (Diagnosis(BottleneckKind.DATA_PIPELINE, 0.9, "waits", recommendations=recs),)
+    assert next_change(found, SETTINGS, set(), max_workers=2) == ("num_workers", 2, "more workers")
+    # The capped value (2), not the proposed one (6), is what was tried or skipped.
+    assert next_change(found, SETTINGS, {("num_workers", "2")}, max_workers=2) is None
+
+
+def test_tuning_that_converged_stays_converged_after_one_more_trial_stopped_by_a_budget() -> None:
+    lp = loop()
+    lp.record_baseline(window(100.0), compute())
+    lp.stop("no auto-applicable knob left for the compute bottleneck")
+    assert lp.converged and lp.finished
+    lp.resume(window(100.0), data_bound())
+    assert lp.ref_found == data_bound()
+    lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=40)
+    trial = measure(lp, 50.0, compute())  # looks like a gain: re-measured...
+    assert trial is None
+    lp.stop("tuning cost budget spent: 1.0 s of 1.0 s")  # ...but the budget ends it
+    assert lp.converged, "the settings before the extra trial had converged"
