@@ -13,6 +13,10 @@ before it is kept; ``sequential`` ends a trial sooner when its first steps alrea
 when its first window confirms a predicted gain. After a revert the next decision reads a
 reference window's diagnoses, not the reverted trial's, so the stop reason and the knobs
 offered next describe the settings actually in force.
+
+Long because it is one state machine: the phases, the trial under way, the reference and the
+settings tried are one state that every step, window and decision reads and changes together
+(the rules it applies live beside it: ``judge``, ``sequential``, ``trials``, ``cost``).
 """
 
 from __future__ import annotations
