@@ -279,6 +279,8 @@ class Tuner:
         else:
             guarded = check is not None and not check.passed  # the same on every rank
             verdict = loop.judge(window) if trainer.is_global_zero and not guarded else None
+            if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict):
+                verdict = "undecided"
             if trainer.world_size > 1 and not guarded:
                 verdict = trainer.strategy.broadcast(verdict, src=0)
             verdict = "guarded" if guarded else verdict
@@ -522,6 +524,30 @@ class Tuner:
     def _affordable(self, change: Try, settings: dict[str, Any]) -> bool:
         """Whether the budget left pays for a trial of ``change`` at worst (``_risk_s``)."""
         return self._cost().left_s >= self._risk_s(change, settings)
+
+    def _remeasure_paid(self, step: Remeasure) -> bool:
+        """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.
+
+        A trial that looked like a gain is measured again, the reference then the trial; each
+        switch that starts workers is paid for before it is made. Otherwise the trial ends
+        undecided (the original kept), and a note says why.
+        """
+        assert self.loop.pending is not None
+        old, new = self.loop.pending
+        target = old if step.settings == "old" else new
+        context = self.knobs.context()
+        if not starts_workers(target, context):
+            return True
+        workers = int(target.get("num_workers", context.get("num_workers")) or 0)
+        need, left = self.switches.start_s(workers), self._cost().left_s
+        if left >= need:
+            return True
+        self.note(
+            f"{self.loop.trial_knob}: re-measuring {fmt_settings(target)} would start workers "
+            f"(about {need:.2f} s) past the budget left ({max(0.0, left):.2f} s): undecided, "
+            "the original kept"
+        )
+        return False
 
     def _unpaid(self, change: Try, settings: dict[str, Any], *, once: bool = False) -> str:
         """Why ``change`` was not tried for want of budget (a note, and the stop reason).

@@ -63,3 +63,27 @@ def test_the_loop_offers_the_threads_knob_of_a_compute_bound_cpu_job() -> None:
     assert next_change(found, settings, set()) == (THREADS, 1, "1 worker(s) share 2 CPUs")
     assert next_change(found, settings, {(THREADS, "1")}) is None  # reverted once: not again
     assert next_change(found, {**settings, THREADS: 1}, set()) is None  # already in force
+
+
+def test_a_remeasure_that_would_start_workers_past_the_budget_ends_the_trial_undecided() -> None:
+    from types import SimpleNamespace
+
+    from lightning_maxtp.callbacks.tuner import Tuner
+    from lightning_maxtp.tuning.cost import TuningCost
+    from lightning_maxtp.tuning.decisions import Remeasure
+    from lightning_maxtp.tuning.switches import Switches
+
+    # A 4 -> 0 worker trial looked like a gain; measuring the reference again restarts 4 workers.
+    notes: list[str] = []
+    tuner = Tuner.__new__(Tuner)
+    vars(tuner).update(
+        loop=SimpleNamespace(pending=({"num_workers": 4}, {"num_workers": 0}),
+                             trial_knob="num_workers"),
+        knobs=SimpleNamespace(context=lambda: {"num_workers": 0}),
+        switches=Switches(), note=notes.append, _cost=lambda: TuningCost(budget_s=0.1),
+    )  # fmt: skip
+    assert not tuner._remeasure_paid(Remeasure("old"))  # 0.3 s of starts, 0.1 s left
+    assert notes and "re-measuring num_workers=4 would start workers" in notes[0]
+    assert tuner._remeasure_paid(Remeasure("new"))  # to the main process: nothing starts
+    vars(tuner)["_cost"] = lambda: TuningCost(budget_s=1.0)
+    assert tuner._remeasure_paid(Remeasure("old"))
