@@ -8,6 +8,9 @@ What it checks, against torch.cuda as the reference, in a few seconds:
 4. A foreign process: a detached process (not our child) allocates GPU memory; the probe must
    list it as foreign and drop that GPU from the free list.
 5. The GPU-marked tests of ``tests/resources/test_probe.py``.
+6. ``maxtp inspect --peak``: the measured matmul peak per dtype (fp32, tf32, bf16, fp16), each
+   positive and, where the datasheet knows the GPU, between 30 % and 105 % of its value (on a
+   CPU: fp32 only, positive).
 
 Prints a table, then one JSON line. On a machine without a GPU (``--smoke``, or automatically)
 the GPU items are reported as skipped, so the script itself can be tested on a CPU.
@@ -45,6 +48,27 @@ def inspect_json(extra_env: dict[str, str] | None = None) -> tuple[dict[str, Any
         capture_output=True, text=True, env=env, check=True, timeout=60,
     )  # fmt: skip
     return json.loads(out.stdout), time.perf_counter() - start
+
+
+def peak_check(rows: list[dict[str, Any]], gpu: bool) -> None:
+    """``maxtp inspect --peak``, measured afresh into a temporary cache."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**ENV, "XDG_CACHE_HOME": cache}
+        out = subprocess.run(
+            [sys.executable, "-m", "lightning_maxtp.cli", "inspect", "--refresh-peak", "--json"],
+            capture_output=True, text=True, env=env, check=True, timeout=300,
+        )  # fmt: skip
+    peak = json.loads(out.stdout)["peak"]
+    wanted = {"fp32", "tf32", "bf16", "fp16"} if gpu else {"fp32"}
+    got = {r["dtype"]: r["flops_per_s"] for r in peak["rates"]}
+    check(rows, "peak dtypes", wanted <= set(got), f"{sorted(got)} in {peak['measured_s']:.1f} s")
+    for dtype, rate in got.items():
+        sheet = peak["datasheet"].get(dtype)
+        share = "" if sheet is None else f", {rate / sheet:.0%} of the datasheet"
+        ok = rate > 0 and (sheet is None or 0.3 <= rate / sheet <= 1.05)
+        check(rows, f"peak {dtype}", ok, f"{rate / 1e12:,.2f} TFLOP/s{share}")
 
 
 def gpu_checks(rows: list[dict[str, Any]], data: dict[str, Any]) -> None:
@@ -108,6 +132,7 @@ def main() -> int:
         run_gpu_tests(rows, "tests/resources/test_probe.py", "real_gpu")
     else:
         check(rows, "GPU checks", None, "skipped: no GPU visible (or --smoke)")
+    peak_check(rows, has_gpu)
     return finish(
         "gpu_check_inspect", rows, args.out, inspect_seconds=round(seconds, 3), machine=data
     )

@@ -45,8 +45,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         workers = res.workers_per_gpu(
             int(args.model_gib * GIB), headroom_bytes=int(args.headroom_gib * GIB)
         )
+    peak = None
+    if args.peak or args.refresh_peak:
+        from lightning_maxtp.resources.peak import measure_peak
+
+        peak = measure_peak("cuda" if res.gpus and _cuda_ready() else "cpu",
+                            refresh=args.refresh_peak)  # fmt: skip
     if args.json:
         data = res.to_dict()
+        if peak is not None:
+            data["peak"] = peak.to_dict()
         if workers is not None:
             data["advice"]["model_gib"] = args.model_gib
             data["advice"]["headroom_gib"] = args.headroom_gib
@@ -56,7 +64,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(format_resources(res, workers))
+        if peak is not None:
+            print(peak)
     return 0
+
+
+def _cuda_ready() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _cmd_triage(args: argparse.Namespace) -> int:
@@ -276,6 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=2.5,
         help="GPU memory kept free when counting model copies (default: 2.5)",
+    )
+    inspect.add_argument(
+        "--peak",
+        action="store_true",
+        help="add the device's measured matmul peak per dtype (cached; a few seconds the first "
+        "time, with the datasheet value beside it where known)",
+    )
+    inspect.add_argument(
+        "--refresh-peak", action="store_true", help="measure the peak again (implies --peak)"
     )
     inspect.set_defaults(handler=_cmd_inspect)
     tri = sub.add_parser(
