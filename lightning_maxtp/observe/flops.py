@@ -1,0 +1,97 @@
+"""How far a step is from the device's limit: FLOPs counted once, utilization against a peak.
+
+``count_flops`` runs one step (forward and backward) under torch's ``FlopCounterMode``, which
+counts the matmuls, convolutions and attention that dominate a model's work, the way
+Lightning's ``measure_flops`` does. ``utilization`` divides the FLOP/s a window achieved by
+the peak measured on this device for the dtype in force (``resources.peak``): model FLOPs
+utilization (MFU). A value above 1.0 is not a utilization but a counting or peak error, and is
+reported as such with both numbers, never printed as "104 %".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Utilization", "count_flops", "dtype_in_force", "utilization"]
+
+
+def count_flops(step: Callable[[], Any]) -> int:
+    """FLOPs of one call of ``step`` (a forward and a backward), by ``FlopCounterMode``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def dtype_in_force(precision: str | None, *, tf32: bool = False) -> str:
+    """The peak's dtype for Lightning's ``precision`` (``tf32``: fp32 matmuls may use TF32)."""
+    text = str(precision or "32-true")
+    if text.startswith("bf16"):
+        return "bf16"
+    if text.startswith("16"):
+        return "fp16"
+    return "tf32" if tf32 else "fp32"
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """A window's achieved FLOP/s against the measured peak of the dtype in force."""
+
+    flops_per_s: float
+    peak_flops_per_s: float
+    dtype: str
+
+    @property
+    def mfu(self) -> float | None:
+        """Achieved over peak (0..1); ``None`` when it would exceed 1 (``error``)."""
+        value = self.flops_per_s / self.peak_flops_per_s if self.peak_flops_per_s > 0 else None
+        return None if value is None or value > 1.0 else value
+
+    @property
+    def error(self) -> str | None:
+        """Why no MFU can be given: more FLOP/s than the peak, or no peak."""
+        if self.peak_flops_per_s <= 0:
+            return f"no measured {self.dtype} peak"
+        if self.flops_per_s > self.peak_flops_per_s:
+            return (
+                f"{self.flops_per_s / 1e12:,.3f} TFLOP/s counted is more than the measured "
+                f"{self.dtype} peak of {self.peak_flops_per_s / 1e12:,.3f}: the FLOP count or "
+                "the peak is wrong"
+            )
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {
+            "flops_per_s": self.flops_per_s,
+            "peak_flops_per_s": self.peak_flops_per_s,
+            "dtype": self.dtype,
+            "mfu": self.mfu,
+            "error": self.error,
+        }
+
+    def __str__(self) -> str:
+        mfu = self.mfu
+        if mfu is None:
+            return f"MFU unknown: {self.error}"
+        return f"at {mfu:.0%} of this device's measured {self.dtype} peak"
+
+
+def utilization(
+    flops_per_sample: float, samples_per_s: float, peak_flops_per_s: float, dtype: str
+) -> Utilization:
+    """The utilization of a window that ran ``samples_per_s`` at ``flops_per_sample`` each.
+
+    Raises:
+        ValueError: For a negative FLOP count or rate.
+    """
+    if flops_per_sample < 0 or samples_per_s < 0:
+        raise ValueError(
+            f"`flops_per_sample` and `samples_per_s` must be >= 0, got {flops_per_sample} and "
+            f"{samples_per_s}"
+        )
+    return Utilization(flops_per_sample * samples_per_s, peak_flops_per_s, dtype)

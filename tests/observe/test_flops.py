@@ -1,0 +1,72 @@
+"""FLOPs counted once, and MFU against the measured peak (never above 100 %)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+
+from lightning_maxtp.observe.flops import count_flops, dtype_in_force, utilization
+from lightning_maxtp.resources.peak import measure_peak
+
+
+def test_the_flops_of_a_linear_stack_match_the_formula() -> None:
+    batch, sizes = 16, (32, 64, 8)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    x = torch.randn(batch, sizes[0])
+
+    counted = count_flops(lambda: net(x).sum().backward())
+
+    matmul = [2 * batch * a * b for a, b in itertools.pairwise(sizes)]  # forward, per layer
+    # Backward: each layer's weight gradient, and the input gradient of all but the first (its
+    # input, the batch, needs none).
+    assert counted == sum(matmul) + sum(matmul) + sum(matmul[1:])
+
+
+@pytest.mark.parametrize(
+    ("precision", "tf32", "dtype"),
+    [("bf16-mixed", False, "bf16"), ("16-mixed", False, "fp16"), ("32-true", True, "tf32"),
+     (None, False, "fp32"), ("bf16-true", True, "bf16")],
+)  # fmt: skip
+def test_the_peak_is_read_for_the_dtype_in_force(
+    precision: str | None, tf32: bool, dtype: str
+) -> None:
+    assert dtype_in_force(precision, tf32=tf32) == dtype
+
+
+def test_more_flops_than_the_peak_is_flagged_never_printed_above_100_percent() -> None:
+    fine = utilization(1e9, 50.0, 100e9, "fp32")
+    assert fine.mfu == pytest.approx(0.5) and fine.error is None
+    assert str(fine) == "at 50% of this device's measured fp32 peak"
+    wrong = utilization(1e9, 120.0, 100e9, "bf16")  # 120 GFLOP/s against a 100 GFLOP/s peak
+    assert wrong.mfu is None
+    assert (
+        wrong.error is not None
+        and "0.120 TFLOP/s counted is more than the measured bf16 peak" in wrong.error
+    )
+    assert "%" not in str(wrong) and wrong.to_dict()["mfu"] is None
+    assert utilization(1e9, 1.0, 0.0, "fp16").error == "no measured fp16 peak"
+    with pytest.raises(ValueError, match=r"`flops_per_sample` and `samples_per_s` must be >= 0"):
+        utilization(-1.0, 1.0, 1.0, "fp32")
+
+
+@pytest.mark.serial  # a rate against a measured peak: the machine to itself
+def test_a_matmul_heavy_cpu_job_runs_between_5_and_100_percent_of_the_measured_peak() -> None:
+    peak = measure_peak("cpu", cache=False, seconds_per_size=0.05).rate("fp32")
+    assert peak is not None
+    net = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(3)))
+    x = torch.randn(256, 1024)
+
+    def step() -> None:
+        net(x).sum().backward()
+
+    flops = count_flops(step)
+    step()  # warm-up
+    start, steps = time.perf_counter(), 6
+    for _ in range(steps):
+        step()
+    rate = 256 * steps / (time.perf_counter() - start)
+    util = utilization(flops / 256, rate, peak, "fp32")
+    assert util.mfu is not None and 0.05 < util.mfu <= 1.0, util
