@@ -55,6 +55,7 @@ from lightning_maxtp.tuning.switches import (
     starts_workers,
     trial_risk_s,
     worker_starts,
+    workers_after,
 )
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
@@ -64,7 +65,7 @@ from lightning_maxtp.tuning.trials import (
     remaining,
     top_line,
 )
-from lightning_maxtp.tuning.tuning_loop import TuningLoop, window_rate
+from lightning_maxtp.tuning.tuning_loop import NOTHING_LEFT, TuningLoop, window_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -505,7 +506,7 @@ class Tuner:
                     math_knob = None
                 else:
                     self.loop.skipped |= {(k, repr(v)) for k, v in decision.settings.items()}
-            elif isinstance(decision, Stop) and unpaid and "knob left" in decision.reason:
+            elif isinstance(decision, Stop) and unpaid and decision.reason.startswith(NOTHING_LEFT):
                 return Stop(f"tuning cost budget too small for the next trial: {unpaid}")
             else:
                 return decision
@@ -538,8 +539,8 @@ class Tuner:
         context = self.knobs.context()
         if not starts_workers(target, context):
             return True
-        workers = int(target.get("num_workers", context.get("num_workers")) or 0)
-        need, left = self.switches.start_s(workers), self._cost().left_s
+        need = self.switches.start_s(workers_after(target, context))
+        left = self._cost().left_s
         if left >= need:
             return True
         self.note(

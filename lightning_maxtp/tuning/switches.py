@@ -25,6 +25,7 @@ __all__ = [
     "starts_workers",
     "trial_risk_s",
     "worker_starts",
+    "workers_after",
 ]
 
 WORKER_START_S = 0.1
@@ -45,15 +46,23 @@ def settle_excess_s(step_s: Sequence[float], ref_step_s: float) -> float:
     return max(0.0, sum(step_s) - ref_step_s * len(step_s))
 
 
+def _loader_changes(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
+    """Whether ``change`` moves a loader knob away from ``settings`` (a new loader iterator)."""
+    return any(k in LOADER_KNOBS and settings.get(k) != v for k, v in change.items())
+
+
+def workers_after(change: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
+    """The DataLoader workers once ``settings`` switched to ``change``."""
+    return int(change.get("num_workers", settings.get("num_workers")) or 0)
+
+
 def starts_workers(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
     """Whether switching ``settings`` to ``change`` starts DataLoader workers anew.
 
     A loader knob changes and the loader has workers after it (a loader that loads in the main
     process, or a knob outside the loader, starts none).
     """
-    loader = {k: v for k, v in change.items() if k in LOADER_KNOBS and settings.get(k) != v}
-    after = loader.get("num_workers", settings.get("num_workers"))
-    return bool(loader) and int(after or 0) > 0
+    return _loader_changes(change, settings) and workers_after(change, settings) > 0
 
 
 def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> list[int]:
@@ -62,10 +71,9 @@ def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> lis
     A trial switches to its settings and, when they lose, back (``starts_workers`` each way):
     ``[]``, ``[new]``, ``[old]`` or ``[new, old]`` worker counts.
     """
-    if not any(k in LOADER_KNOBS and settings.get(k) != v for k, v in change.items()):
+    if not _loader_changes(change, settings):
         return []
-    old = int(settings.get("num_workers") or 0)
-    new = int(change.get("num_workers", old) or 0)
+    old, new = int(settings.get("num_workers") or 0), workers_after(change, settings)
     return [n for n in (new, old) if n > 0]
 
 

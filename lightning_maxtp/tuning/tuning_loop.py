@@ -51,12 +51,14 @@ from lightning_maxtp.tuning.trials import (
     next_change,
 )
 
-__all__ = ["DATA_KINDS", "TuningLoop", "window_rate"]
+__all__ = ["DATA_KINDS", "NOTHING_LEFT", "TuningLoop", "window_rate"]
 
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
 
-CONVERGED = ("no bottleneck above threshold", "no auto-applicable knob left", "max_trials=")
+NOTHING_LEFT = "no auto-applicable knob left"
+"""How the stop reason begins when the diagnosis names nothing the loop may try by itself."""
+CONVERGED = ("no bottleneck above threshold", NOTHING_LEFT, "max_trials=")
 """Stop reasons that mean nothing was left to try (the settings are worth carrying)."""
 
 
@@ -377,10 +379,9 @@ class TuningLoop:
         )
         if isinstance(plan, Try) and not slower:
             return plan
-        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
         if len(self.trials) >= self.config.max_trials:
             return Stop(f"max_trials={self.config.max_trials} reached")
-        if elapsed >= self.config.time_budget_s:
+        if not self.time_left():
             return Stop(f"time_budget_s={self.config.time_budget_s:g} spent")
         found = self.ref_found
         if plan is ASK and found and found[0].kind.value in DATA_KINDS and _wants_workers(found):
@@ -394,7 +395,7 @@ class TuningLoop:
         if change is None:
             if kind == "healthy":
                 return Stop("no bottleneck above threshold: nothing to tune")
-            return Stop(f"no auto-applicable knob left for the {kind} bottleneck")
+            return Stop(f"{NOTHING_LEFT} for the {kind} bottleneck")
         return change
 
     def next_try(
