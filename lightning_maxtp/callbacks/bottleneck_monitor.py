@@ -30,6 +30,7 @@ from lightning_maxtp.observe.capture import CAPTURE_MODES, CaptureMode, KernelCa
 from lightning_maxtp.observe.diagnosis import Diagnosis, diagnose, needs_capture
 from lightning_maxtp.observe.report import ThroughputReport
 from lightning_maxtp.observe.status import remove_status, write_status
+from lightning_maxtp.observe.syncs import SyncCount, SyncCounter
 from lightning_maxtp.observe.thresholds import MIN_STEPS
 from lightning_maxtp.observe.window import CaptureSummary, Window
 
@@ -47,8 +48,8 @@ class BottleneckMonitor(Callback):
     Logged to every attached logger at each window (see ``callbacks.metrics`` for the table):
     ``maxtp/samples_per_s``, ``maxtp/step_time_ms``, ``maxtp/data_wait_share``,
     ``maxtp/gpu_util_percent``, ``maxtp/main_cpu_percent``, ``maxtp/worker_cpu_percent``,
-    ``maxtp/bottleneck_code``, ``maxtp/bottleneck_confidence`` and, under DDP,
-    ``maxtp/straggler_rank``.
+    ``maxtp/bottleneck_code``, ``maxtp/bottleneck_confidence``, ``maxtp/mfu``,
+    ``maxtp/gc_share`` and, under DDP, ``maxtp/straggler_rank``.
 
     Args:
         window_steps: Steps per diagnosed window.
@@ -63,6 +64,10 @@ class BottleneckMonitor(Callback):
         sources: Extra sampler sources.
         on_window: For a callback that owns this monitor: called with ``(trainer, window)``
             when a window closes, instead of ``record`` (the owner calls ``record`` itself).
+        mfu: Give each window its MFU: the device's measured peak (cached after the first fit
+            on a machine) and the first batch's FLOPs, counted once (rank zero).
+        flops_per_batch: The FLOPs of one training batch (forward and backward), when known:
+            nothing is counted.
     """
 
     def __init__(
@@ -77,6 +82,8 @@ class BottleneckMonitor(Callback):
         verbose: bool = True,
         sources: list[_sampler.Source] | None = None,
         on_window: Callable[[pl.Trainer, Window], None] | None = None,
+        mfu: bool = True,
+        flops_per_batch: float | None = None,
     ) -> None:
         if capture not in CAPTURE_MODES:
             raise ValueError(f"`capture` must be one of {CAPTURE_MODES}, got {capture!r}")
@@ -86,6 +93,8 @@ class BottleneckMonitor(Callback):
             sampler_interval_s=sampler_interval_s,
             sources=sources,
             on_window=on_window or self._record,
+            mfu=mfu,
+            flops_per_batch=flops_per_batch,
         )
         self.capture_mode = capture
         self.capture_steps = capture_steps
@@ -94,6 +103,7 @@ class BottleneckMonitor(Callback):
         self.diagnoses: list[tuple[Diagnosis, ...]] = []
         self.captures: list[CaptureSummary] = []
         self._capture: KernelCapture | None = None
+        self._syncs = SyncCounter()
         self._capture_armed = False
         self._report: ThroughputReport | None = None
         self._fit_first_window = 0
@@ -221,6 +231,8 @@ class BottleneckMonitor(Callback):
             self._capture_armed = False
             self._capture = KernelCapture(self.capture_steps, self.windows[-1].median_step_s)
             self._capture.start()
+            if trainer.strategy.root_device.type == "cuda":
+                self._start_syncs()
         self.clock.on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
@@ -233,6 +245,7 @@ class BottleneckMonitor(Callback):
         batch_idx: int,
     ) -> None:
         self.clock.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._syncs.step()
         if self._capture is not None:
             self._capture.step()
             if self._capture.done:
@@ -258,6 +271,7 @@ class BottleneckMonitor(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.clock.on_exception(trainer, pl_module, exception)
+        self._stop_syncs()
         remove_status()
 
     @override
@@ -266,17 +280,31 @@ class BottleneckMonitor(Callback):
 
     # -- internals --------------------------------------------------------------------------
 
+    def _start_syncs(self) -> None:
+        try:
+            self._syncs.start()
+        except Exception as err:  # counting syncs is a reading; training goes on without it
+            log.warning(prefixed("could not count device syncs: %r"), err)
+
+    def _stop_syncs(self) -> SyncCount | None:
+        try:
+            return self._syncs.stop()
+        except Exception as err:
+            log.warning(prefixed("could not count device syncs: %r"), err)
+            return None
+
     def _finish_capture(self) -> None:
         assert self._capture is not None
+        syncs = self._stop_syncs()
         try:
             summary = self._capture.stop()
         except Exception as err:  # a failed capture must not stop training
             log.warning(prefixed("profiler capture failed: %r"), err)
         else:
             self.captures.append(summary)
-            rank_zero_info(str(summary))
+            rank_zero_info(str(summary) + ("" if syncs is None else f"; {syncs}"))
             if self.windows:  # re-diagnose the last window with what the capture showed
-                window = dataclasses.replace(self.windows[-1], capture=summary)
+                window = dataclasses.replace(self.windows[-1], capture=summary, syncs=syncs)
                 self.windows[-1] = window
                 self.diagnoses.append(tuple(diagnose(window)))
         self._capture = None
@@ -296,6 +324,7 @@ class BottleneckMonitor(Callback):
             f"sampler source {name!r} failed and was disabled"
             for name in (sampler.failed if sampler else [])
         ]
+        notes += self.clock.flops.notes
         return ThroughputReport(
             windows=tuple(self.windows),
             diagnoses=self.diagnoses[-1] if self.diagnoses else (),

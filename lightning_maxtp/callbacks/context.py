@@ -71,6 +71,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             "gpu_name": props.name,
             "compute_capability": f"{props.major}.{props.minor}",
             "gpu_memory_total_bytes": int(props.total_memory),
+            "tf32": torch.get_float32_matmul_precision() != "highest",
         }
     try:
         if resources is None:
@@ -84,6 +85,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             resources.cpu, ranks, has_gpus=bool(resources.gpus)
         )
         ctx["cpus_per_rank"] = max(1, resources.cpu.effective // max(1, ranks))
+        ctx["host_cpus"] = int(resources.cpu.effective)
         used = set(trainer.device_ids) if device.type == "cuda" else set()
         ctx["unused_free_gpus"] = tuple(i for i in resources.advice.free_gpus if i not in used)
     except Exception as err:  # the probe is advisory; the measurements stand without it

@@ -83,9 +83,12 @@ class MaxThroughputCallback(Callback):
     ``maxtp/bottleneck_code``         logged: top diagnosis, its index in ``BottleneckKind``
     ``maxtp/bottleneck_confidence``   logged: its confidence, 0..1
     ``maxtp/straggler_rank``          logged, DDP only: the rank waiting longest for data
+    ``maxtp/mfu``                     logged: FLOP/s of the window over the measured peak, 0..1
+    ``maxtp/gc_share``                logged: share of step time in garbage collection, 0..1
     ``maxtp_samples_s``               progress bar: samples/s of the last measured window
     ``maxtp_trials``                  progress bar: knob trials so far
     ``maxtp_tuning``                  progress bar: 1 while tuning, 0 once only monitoring
+    ``maxtp_mfu``                     progress bar: MFU of the last measured window, 0..1
     ================================  ==========================================================
 
     Args:
@@ -99,6 +102,11 @@ class MaxThroughputCallback(Callback):
         report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
         verbose: Print the plan, the tuning progress and the final summary (rank zero).
         sampler_interval_s: Background sampling period (None: no sampler).
+        mfu: Give every window and the report the distance to the device's limit: MFU against
+            the device's measured matmul peak (measured once per machine, a few hundred
+            milliseconds, then cached), from the first batch's FLOPs counted once.
+        flops_per_batch: The FLOPs of one training batch (forward and backward), when known:
+            nothing is counted (for a compiled model, or a count of your own).
     """
 
     def __init__(
@@ -123,6 +131,8 @@ class MaxThroughputCallback(Callback):
         report_dir: str | Path | None = None,
         verbose: bool = True,
         sampler_interval_s: float | None = 0.1,
+        mfu: bool = True,
+        flops_per_batch: float | None = None,
     ) -> None:
         keywords = {
             "warmup_steps": warmup_steps,
@@ -147,6 +157,8 @@ class MaxThroughputCallback(Callback):
             capture=capture,
             verbose=False,
             on_window=self._on_window,
+            mfu=mfu,
+            flops_per_batch=flops_per_batch,
         )
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.verbose = verbose
@@ -301,9 +313,17 @@ class MaxThroughputCallback(Callback):
     def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
         """Tuning progress in the progress bar: rate of the window, trials, whether done."""
         module = trainer.lightning_module
-        values = (window_rate(window), len(self.trials), float(not self._tuner.loop.finished))
+        util = window.utilization
+        mfu = None if util is None else util.mfu
+        values = (
+            window_rate(window),
+            len(self.trials),
+            float(not self._tuner.loop.finished),
+            mfu,
+        )
         for name, value in zip(PROGRESS_BAR, values, strict=True):
-            module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
+            if value is not None:  # no FLOP count or peak: no MFU shown
+                module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
 
     # -- report -----------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ Key                                Logged value
                                    4 vram, 5 host_overhead, 6 under_occupied, 7 healthy)
 ``maxtp/bottleneck_confidence``    Its confidence, 0..1
 ``maxtp/straggler_rank``           DDP only: the rank that waits longest for its own data
+``maxtp/mfu``                      Model FLOPs utilization: FLOP/s of the window over this
+                                   device's measured peak for the dtype in force (0..1; left
+                                   out when the count exceeds the peak: an error, not 104 %)
+``maxtp/gc_share``                 Share of step time in Python's garbage collector (0..1)
 =================================  ===========================================================
 
 ``MaxThroughputCallback`` also shows, while it tunes, on the progress bar (not logged):
@@ -25,6 +29,7 @@ Key                                Shown value
 ``maxtp_samples_s``                Samples/s of the last measured window (stalls capped)
 ``maxtp_trials``                   Knob trials so far
 ``maxtp_tuning``                   1 while tuning, 0 once the loop only monitors
+``maxtp_mfu``                      MFU of the last measured window (0..1), when known
 =================================  ===========================================================
 
 A key whose reading is missing in a window (no GPU, no sampler) is left out of that window.
@@ -52,9 +57,11 @@ LOGGED = (
     "maxtp/bottleneck_code",
     "maxtp/bottleneck_confidence",
     "maxtp/straggler_rank",
+    "maxtp/mfu",
+    "maxtp/gc_share",
 )
 """Every key the monitors log (the table above)."""
-PROGRESS_BAR = ("maxtp_samples_s", "maxtp_trials", "maxtp_tuning")
+PROGRESS_BAR = ("maxtp_samples_s", "maxtp_trials", "maxtp_tuning", "maxtp_mfu")
 """Every key ``MaxThroughputCallback`` shows on the progress bar."""
 
 _KIND_CODE = {kind: float(i) for i, kind in enumerate(BottleneckKind)}
@@ -79,6 +86,11 @@ def window_metrics(
     if found:
         metrics["maxtp/bottleneck_code"] = _KIND_CODE[found[0].kind]
         metrics["maxtp/bottleneck_confidence"] = found[0].confidence
+    util = window.utilization
+    if util is not None and util.mfu is not None:
+        metrics["maxtp/mfu"] = util.mfu
+    if window.gc is not None:
+        metrics["maxtp/gc_share"] = window.gc.share
     if spread is not None:
         metrics["maxtp/straggler_rank"] = float(spread.straggler_rank)
     assert set(metrics) <= set(LOGGED), sorted(set(metrics) - set(LOGGED))

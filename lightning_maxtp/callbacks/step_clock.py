@@ -6,8 +6,11 @@ fetches the next batch and moves it to the device in between), samples, and the 
 training process spent in each part (``time.process_time``, about a microsecond per call). On
 CUDA, events recorded at step start and end are read lazily (``Event.query``) when a window
 closes, so the device's own step span is known without blocking. A background ``Sampler`` adds
-NVML, allocator and psutil readings. Under DDP every rank measures; at each window rank zero
-gathers a few summary numbers from all ranks (one small all_gather) into a ``RankSpread``.
+NVML, allocator and psutil readings. Every garbage collection is timed (``GcPauses``) and
+summarized per window. On rank zero, the device's measured peak is read when training starts and
+the first batch's FLOPs are counted (``FlopMeter``): each window then carries its MFU. Under
+DDP every rank measures; at each window rank zero gathers a few summary numbers from all ranks
+(one small all_gather) into a ``RankSpread``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing_extensions import override
 
 from lightning_maxtp.callbacks.context import job_context, watch_first_batch
 from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
+from lightning_maxtp.callbacks.utilization import FlopMeter
 from lightning_maxtp.observe import sampler as _sampler
+from lightning_maxtp.observe.gc_pauses import GcPauses
 from lightning_maxtp.observe.window import Window
 
 if TYPE_CHECKING:
@@ -67,6 +72,10 @@ class StepClock(Callback):
         sources: Extra sampler sources (tests inject failing ones here).
         keep_windows: Windows kept in ``self.windows`` (oldest dropped).
         on_window: Called on every rank with ``(trainer, window)`` when a window closes.
+        mfu: Read the device's peak and count the first batch's FLOPs (rank zero), so each
+            window carries its MFU.
+        flops_per_batch: The FLOPs of one training batch (forward and backward) when known:
+            the first batch is not counted.
     """
 
     def __init__(
@@ -78,6 +87,8 @@ class StepClock(Callback):
         sources: list[_sampler.Source] | None = None,
         keep_windows: int = 1000,
         on_window: Callable[[pl.Trainer, Window], None] | None = None,
+        mfu: bool = True,
+        flops_per_batch: float | None = None,
     ) -> None:
         if window_steps < 1:
             raise ValueError(f"`window_steps` must be >= 1, got {window_steps}")
@@ -92,6 +103,8 @@ class StepClock(Callback):
         self.extra_sources = list(sources or [])
         self.keep_windows = keep_windows
         self.listener = on_window
+        self.flops = FlopMeter(enabled=mfu, flops_per_batch=flops_per_batch)
+        self.gc = GcPauses()
         self.windows: list[Window] = []
         self.closed = 0
         """Windows closed since the clock was made (``windows`` keeps the last ``keep_windows``)."""
@@ -113,12 +126,15 @@ class StepClock(Callback):
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
         self._buf: dict[str, list[Any]] = {
-            k: [] for k in ("step", "wait", "samples", "wait_cpu", "compute_cpu", "events")
+            k: [] for k in ("step", "wait", "samples", "wait_cpu", "compute_cpu", "events", "end")
         }
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.context = job_context(trainer)
+        self.update_context(peaks=self.flops.start(trainer))
+        self.gc.pauses.clear()
+        self.gc.install()
         self._short_epochs = None
         # What the first batch shipped and what a sample costs, for every later window.
         self._unwatch = watch_first_batch(
@@ -169,6 +185,8 @@ class StepClock(Callback):
         self._wait = None if self._last_end is None else now - self._last_end
         self._wait_cpu = cpu - self._last_end_cpu
         self._samples = self.samples_fn(batch)
+        if self.flops.before_batch(trainer, self._samples):
+            self._wait = None  # counted under FlopCounterMode: slower than any other step
         self._events = _record_event() if self._cuda else None
 
     @override
@@ -181,6 +199,9 @@ class StepClock(Callback):
         batch_idx: int,
     ) -> None:
         now, cpu = time.perf_counter(), time.thread_time()
+        flops = self.flops.after_batch()
+        if flops is not None and self.context.flops_per_sample != flops:
+            self.update_context(flops_per_sample=flops)
         if self._wait is not None and self._last_end is not None:
             events = None if self._events is None else (self._events, _record_event())
             self._append(now, now - self._last_end, self._wait, cpu)
@@ -206,6 +227,7 @@ class StepClock(Callback):
         b["samples"].append(self._samples)
         b["wait_cpu"].append(self._wait_cpu)
         b["compute_cpu"].append(cpu - self._start_cpu)
+        b["end"].append(now)
         self.step_log.append((self.elapsed_s(now), step_s, wait_s))
 
     def _close(self, trainer: pl.Trainer) -> None:
@@ -213,6 +235,12 @@ class StepClock(Callback):
         n = len(b["step"])
         t_end = self.elapsed_s()
         span = (t_end - sum(b["step"]), t_end)
+        ends = b["end"]
+        start = ends[0] - b["step"][0]
+        gc = self.gc.summary(
+            start, ends[-1], sum(b["step"]), list(zip(ends, b["step"], strict=True))
+        )
+        self.gc.clear_before(ends[-1])
         window = Window(
             step_time_s=tuple(b["step"]),
             data_wait_s=tuple(b["wait"]),
@@ -224,6 +252,7 @@ class StepClock(Callback):
             first_step=self._step - n,
             rank=trainer.global_rank,
             device_time_s=_ready_spans(b["events"]),
+            gc=gc,
         )
         self.restart_window()
         self.closed += 1
@@ -273,6 +302,8 @@ class StepClock(Callback):
         if self.sampler is not None:
             self.sampler.stop()
         self._unwatch()
+        self.flops.abort()
+        self.gc.uninstall()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

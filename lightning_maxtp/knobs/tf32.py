@@ -24,6 +24,7 @@ class Tf32(BaseKnob):
     guarded = True
     devices: ClassVar[frozenset[str] | None] = frozenset({"cuda"})
     tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0}
+    context_field: ClassVar[str | None] = "tf32"
 
     def __init__(self) -> None:
         self._was: tuple[str, bool] | None = None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Utilization", "count_flops", "dtype_in_force", "utilization"]
+__all__ = ["Utilization", "count_flops", "dtype_in_force", "share_text", "utilization"]
 
 
 def count_flops(step: Callable[[], Any]) -> int:
@@ -78,7 +78,21 @@ class Utilization:
         mfu = self.mfu
         if mfu is None:
             return f"MFU unknown: {self.error}"
-        return f"at {mfu:.0%} of this device's measured {self.dtype} peak"
+        return f"at {share_text(mfu)} of this device's measured {self.dtype} peak"
+
+    def short(self) -> str:
+        """``MFU 38 % (bf16)``, or why there is none in a few words."""
+        mfu = self.mfu
+        if mfu is not None:
+            return f"MFU {share_text(mfu)} ({self.dtype})"
+        if self.peak_flops_per_s <= 0:
+            return f"MFU ? (no {self.dtype} peak)"
+        return f"MFU ? (FLOP count above the {self.dtype} peak)"
+
+
+def share_text(share: float) -> str:
+    """A share as a percentage, with a decimal below 10 % (``0.4%``, not ``0%``)."""
+    return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}"
 
 
 def utilization(

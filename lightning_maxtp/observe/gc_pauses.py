@@ -12,11 +12,16 @@ were, their total and longest pause, and their share of that span's step time.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GcPause", "GcPauses", "GcSummary"]
+__all__ = ["SLOW_STEP_FACTOR", "GcPause", "GcPauses", "GcSummary"]
+
+SLOW_STEP_FACTOR = 2.0
+"""A step longer than this many median steps, overlapping a full collection, is put down to it."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class GcSummary:
     """Generation-2 (full) collections among them."""
     share: float
     """``total_s`` over the span's step time (0..1)."""
+    slow_steps: int = 0
+    """Steps longer than ``SLOW_STEP_FACTOR`` median steps that overlap a full collection."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -48,12 +55,14 @@ class GcSummary:
             "longest_s": self.longest_s,
             "gen2": self.gen2,
             "share": self.share,
+            "slow_steps": self.slow_steps,
         }
 
     def __str__(self) -> str:
+        slow = f"; {self.slow_steps} slow step(s) during a full one" if self.slow_steps else ""
         return (
             f"GC: {self.count} collection(s) ({self.gen2} full), {self.total_s * 1e3:.1f} ms, "
-            f"longest {self.longest_s * 1e3:.1f} ms, {self.share:.1%} of step time"
+            f"longest {self.longest_s * 1e3:.1f} ms, {self.share:.1%} of step time{slow}"
         )
 
 
@@ -98,13 +107,21 @@ class GcPauses:
         while self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
-    def summary(self, start_s: float, end_s: float, step_s: float) -> GcSummary:
+    def summary(
+        self,
+        start_s: float,
+        end_s: float,
+        step_s: float,
+        steps: Sequence[tuple[float, float]] = (),
+    ) -> GcSummary:
         """The collections that ended between ``start_s`` and ``end_s`` (``perf_counter``).
 
         Args:
             start_s: The span's start.
             end_s: The span's end.
             step_s: The span's step time, the share's denominator.
+            steps: ``(end, duration)`` of each step in the span: a slow one that overlaps a
+                full collection is counted in ``slow_steps``.
         """
         inside = [p for p in self.pauses if start_s <= p.end_s <= end_s]
         total = sum(p.seconds for p in inside)
@@ -114,4 +131,18 @@ class GcPauses:
             longest_s=max((p.seconds for p in inside), default=0.0),
             gen2=sum(1 for p in inside if p.generation == 2),
             share=total / step_s if step_s > 0 else 0.0,
+            slow_steps=_slow_during_full(inside, steps),
         )
+
+    def clear_before(self, t_s: float) -> None:
+        """Forget the pauses that ended before ``t_s`` (a window closed: they are summarized)."""
+        self.pauses = [p for p in self.pauses if p.end_s >= t_s]
+
+
+def _slow_during_full(pauses: list[GcPause], steps: Sequence[tuple[float, float]]) -> int:
+    """Steps above ``SLOW_STEP_FACTOR`` median steps that overlap a generation-2 pause."""
+    full = [(p.end_s - p.seconds, p.end_s) for p in pauses if p.generation == 2]
+    if not full or not steps:
+        return 0
+    slow = SLOW_STEP_FACTOR * statistics.median(d for _, d in steps)
+    return sum(1 for end, d in steps if d > slow and any(a < end and b > end - d for a, b in full))

@@ -217,16 +217,26 @@ class NvmlSource:
             self._handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
         else:
             self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        self._energy = True
+        """Whether the device has an energy counter (Volta and later; off at its first error)."""
 
     def read(self) -> Reading:
-        """GPU util %, memory used and total bytes."""
+        """GPU util %, memory used and total bytes, and the energy counter where there is one."""
         util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
         mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        return {
+        reading = {
             "gpu_util_percent": float(util.gpu),
             "gpu_memory_used_bytes": float(mem.used),
             "gpu_memory_total_bytes": float(mem.total),
         }
+        if self._energy:
+            try:  # millijoules since the driver loaded
+                reading["energy_mj"] = float(
+                    self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+                )
+            except Exception:  # not supported on this device: never asked again
+                self._energy = False
+        return reading
 
 
 class TorchAllocatorSource:
@@ -356,4 +366,13 @@ def build_series(readings: Sequence[tuple[float, Mapping[str, float]]]) -> Sampl
         iowait_percent=_col(readings, "iowait_percent"),
         disk_read_bytes_per_s=_col(readings, "disk_read_bytes_per_s"),
         available_ram_bytes=tuple(int(v) for v in _col(readings, "available_ram_bytes")),
+        power_w=_power(readings),
     )
+
+
+def _power(readings: Sequence[tuple[float, Mapping[str, float]]]) -> float | None:
+    """Mean watts between the first and last energy readings (``None``: fewer than two)."""
+    energy = [(t, r["energy_mj"]) for t, r in readings if "energy_mj" in r]
+    if len(energy) < 2 or energy[-1][0] <= energy[0][0]:
+        return None
+    return (energy[-1][1] - energy[0][1]) / 1e3 / (energy[-1][0] - energy[0][0])

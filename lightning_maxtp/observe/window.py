@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lightning_maxtp.observe.data_path import DataFacts
+from lightning_maxtp.observe.flops import Utilization, dtype_in_force, utilization
+from lightning_maxtp.observe.gc_pauses import GcSummary
+from lightning_maxtp.observe.syncs import SyncCount
 
 __all__ = [
     "SPIKE_FACTOR",
@@ -48,6 +51,8 @@ class JobContext:
     """DataLoader workers this process may start (the probe's ``cpu_workers_per_process``)."""
     cpu_worker_ceiling: int | None = None
     """Most workers the loop may try past the budget, one at a time (``worker_ceiling``)."""
+    host_cpus: int | None = None
+    """Effective CPUs of this machine (the probe's), for who uses a GPU host's CPUs."""
     cpus_per_rank: int | None = None
     """Effective CPUs of this node divided by its ranks (what this process's threads share)."""
     intra_op_threads: int | None = None
@@ -63,11 +68,25 @@ class JobContext:
     """Whether the train dataset is an ``IterableDataset`` (its stream depends on workers)."""
     data_facts: DataFacts | None = None
     """What the loader ships per sample and what a sample costs it, as far as measured."""
+    gc_tuned: bool | None = None
+    """Whether the ``gc`` knob is on (long-lived objects frozen, collections rarer)."""
+    tf32: bool | None = None
+    """Whether fp32 matmuls may run as TF32 (CUDA; the peak divided by is then TF32's)."""
+    flops_per_sample: float | None = None
+    """FLOPs of one sample's forward and backward (counted on the first batch, or given)."""
+    peaks: tuple[tuple[str, float], ...] = ()
+    """The device's measured matmul peak per dtype, ``(dtype, FLOP/s)`` (``resources.peak``)."""
+
+    @property
+    def peak_dtype(self) -> str:
+        """The dtype whose peak the step's FLOP/s are divided by (precision and TF32 in force)."""
+        return dtype_in_force(self.precision, tf32=bool(self.tf32) and self.device_type == "cuda")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         data = asdict(self)
         data["unused_free_gpus"] = list(self.unused_free_gpus)
+        data["peaks"] = dict(self.peaks)
         data["data_facts"] = None if self.data_facts is None else self.data_facts.to_dict()
         return data
 
@@ -98,6 +117,9 @@ class SamplerSeries:
     iowait_percent: tuple[float, ...] = ()
     disk_read_bytes_per_s: tuple[float, ...] = ()
     available_ram_bytes: tuple[int, ...] = ()
+    power_w: float | None = None
+    """Mean device power over the readings, watts, from NVML's energy counter (``None``: the
+    device has none, or fewer than two readings)."""
 
     @property
     def mean_gpu_util(self) -> float | None:
@@ -200,6 +222,10 @@ class Window:
     capture: CaptureSummary | None = None
     first_step: int = 0
     rank: int = 0
+    gc: GcSummary | None = None
+    """Python's garbage collections during the window (``None``: not timed)."""
+    syncs: SyncCount | None = None
+    """Device syncs the steps asked for, counted on CUDA (``None``: not counted)."""
 
     def __post_init__(self) -> None:
         n = len(self.step_time_s)
@@ -273,6 +299,29 @@ class Window:
             return main
         return max(process / 100, main or 0.0)
 
+    @property
+    def utilization(self) -> Utilization | None:
+        """The window's FLOP/s against the measured peak of the dtype in force (MFU).
+
+        ``None`` without a FLOP count; with a count but no peak of that dtype, a
+        ``Utilization`` whose ``error`` says so.
+        """
+        ctx = self.context
+        if ctx.flops_per_sample is None:
+            return None
+        dtype = ctx.peak_dtype
+        peak = dict(ctx.peaks).get(dtype, 0.0)
+        return utilization(ctx.flops_per_sample, self.samples_per_s, peak, dtype)
+
+    @property
+    def joules_per_sample(self) -> float | None:
+        """Device energy per sample: mean power times the window's time, over its samples.
+
+        ``None`` without NVML's energy counter.
+        """
+        power, samples = self.sampler.power_w, sum(self.samples)
+        return power * self.total_s / samples if power is not None and samples > 0 else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view, with the derived rates."""
         return {
@@ -291,14 +340,24 @@ class Window:
             "sampler": self.sampler.to_dict(),
             "context": self.context.to_dict(),
             "capture": None if self.capture is None else self.capture.to_dict(),
+            "utilization": None if self.utilization is None else self.utilization.to_dict(),
+            "gc": None if self.gc is None else self.gc.to_dict(),
+            "syncs": None if self.syncs is None else self.syncs.to_dict(),
+            "joules_per_sample": self.joules_per_sample,
         }
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"steps {self.first_step}..{self.first_step + self.steps - 1} (rank {self.rank}): "
             f"{self.samples_per_s:.1f} samples/s, median step {self.median_step_s * 1e3:.1f} ms, "
             f"data wait {self.data_wait_share:.0%}"
         )
+        util = self.utilization
+        if util is not None:
+            text += f", {util.short()}"
+        if self.gc is not None and self.gc.count:
+            text += f", GC {self.gc.share:.0%} of step time"
+        return text
 
 
 def combined_rate(windows: list[Window] | tuple[Window, ...]) -> float | None:

@@ -232,7 +232,7 @@ def _write_cache(path: Path, entries: dict[str, Any]) -> None:
     """Write the cache; a failure only costs a measurement next time (a warning)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes may write at once
         tmp.write_text(json.dumps({"version": _CACHE_VERSION, "peaks": entries}, indent=1))
         tmp.replace(path)
     except OSError as err:

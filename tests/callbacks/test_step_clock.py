@@ -262,7 +262,12 @@ def test_one_step_epochs_are_measured_across_epoch_boundaries() -> None:
     from tests.helpers.planted import Mlp, ReadyBatches
 
     callback = MaxThroughputCallback(
-        warmup_steps=2, window_steps=8, tune_loader=False, verbose=False, cost_share=None
+        warmup_steps=2,
+        window_steps=8,
+        tune_loader=False,
+        verbose=False,
+        cost_share=None,
+        mfu=False,  # the first step would be counted for FLOPs, and not timed
     )
     loader = DataLoader(ReadyBatches(batches=1, batch_size=64), batch_size=None)
     planted.fit(Mlp(), loader, [callback], steps=30, max_epochs=30)

@@ -29,6 +29,8 @@ class FakeGpu:
     mig: bool | None = False
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     """(pid, used bytes or None)."""
+    energy_mj: list[int] | None = None
+    """Successive readings of the energy counter (``None``: the device has none)."""
 
 
 class FakeNvml:
@@ -77,6 +79,11 @@ class FakeNvml:
         if h.util is None:
             raise NVMLError_NotSupported()
         return SimpleNamespace(gpu=h.util, memory=0)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
+        if h.energy_mj is None:
+            raise NVMLError_NotSupported()
+        return h.energy_mj.pop(0)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
         return h.cc

@@ -1,0 +1,135 @@
+"""What a fit's MFU is divided by and multiplied with: the device's peak, one batch's FLOPs.
+
+``FlopMeter`` reads the device's measured matmul peak when training starts (``resources.peak``:
+from the cache, else measured once, a few hundred milliseconds, before the first step), and
+counts the FLOPs of the first training batch by running that one step under torch's
+``FlopCounterMode`` (forward, backward and optimizer step; that step is left out of every
+window, since the counter slows it). Later steps run without it. A user who knows the count
+passes ``flops_per_batch`` and nothing is counted. Rank zero only: it is the rank that reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp._compat.torch_modules import is_compiled
+from lightning_maxtp._log import prefixed
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["FlopMeter"]
+
+log = logging.getLogger(__name__)
+
+
+class FlopMeter:
+    """The peak per dtype and the FLOPs per sample of one fit (see the module docstring).
+
+    Args:
+        enabled: ``False``: neither the peak nor the FLOPs (no MFU anywhere).
+        flops_per_batch: The FLOPs of one training batch (forward and backward), when known:
+            nothing is counted.
+
+    Raises:
+        ValueError: For a ``flops_per_batch`` that is not a positive number.
+    """
+
+    def __init__(self, *, enabled: bool = True, flops_per_batch: float | None = None) -> None:
+        if flops_per_batch is not None and not (
+            isinstance(flops_per_batch, int | float) and flops_per_batch > 0
+        ):
+            raise ValueError(
+                f"`flops_per_batch` must be a positive number of FLOPs (forward and backward of "
+                f"one batch) or None to count them, got {flops_per_batch!r}"
+            )
+        self.enabled = enabled
+        self.flops_per_batch = flops_per_batch
+        self.peaks: tuple[tuple[str, float], ...] = ()
+        self.flops_per_sample: float | None = None
+        self.notes: list[str] = []
+        """What a user should know: the peak measured now, or why there is no MFU."""
+        self._counter: Any = None
+        self._active = False
+
+    def start(self, trainer: pl.Trainer) -> tuple[tuple[str, float], ...]:
+        """Training starts: the device's peak per dtype (rank zero; ``()`` elsewhere or off)."""
+        self.flops_per_sample, self._counter, self.notes = None, None, []
+        self._active = self.enabled and trainer.is_global_zero
+        if not self._active:
+            return ()
+        device = trainer.strategy.root_device
+        if device.type not in ("cpu", "cuda"):
+            self.notes.append(f"no MFU: no peak is measured on a {device.type} device")
+            self._active = False
+            return ()
+        from lightning_maxtp.resources.peak import measure_peak
+
+        started = time.perf_counter()
+        try:
+            name = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+            peak = measure_peak(name)
+        except Exception as err:  # MFU is a reading; the fit goes on without it
+            log.warning(prefixed("could not measure the device's peak, no MFU: %r"), err)
+            self.notes.append(f"no MFU: the device's peak could not be measured ({err!r})")
+            self._active = False
+            return ()
+        if not peak.cached:
+            self.notes.append(
+                f"this device's matmul peak was measured in {time.perf_counter() - started:.1f} s "
+                "before the first step (cached for later fits; `maxtp inspect --peak` shows it)"
+            )
+        self.peaks = tuple((r.dtype, r.flops_per_s) for r in peak.rates)
+        return self.peaks
+
+    def before_batch(self, trainer: pl.Trainer, samples: int) -> bool:
+        """Before a batch: whether this step is counted (and so must not be timed)."""
+        if not self._active or self.flops_per_sample is not None or self._counter is not None:
+            return False
+        if self.flops_per_batch is not None:
+            self.flops_per_sample = self.flops_per_batch / max(1, samples)
+            return False
+        why = self._uncountable(trainer)
+        if why is not None:
+            self.notes.append(f"no MFU: {why}; pass `flops_per_batch=`")
+            self._active = False
+            return False
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._counter = FlopCounterMode(display=False)
+        self._counter.__enter__()
+        self._samples = max(1, samples)
+        return True
+
+    @staticmethod
+    def _uncountable(trainer: pl.Trainer) -> str | None:
+        """Why this fit's step is not run under the counter (``None``: it is)."""
+        from lightning_maxtp.knobs.base import FitView
+
+        if is_compiled(trainer.lightning_module):
+            return "the FLOPs of a compiled model are not counted"
+        sharded = FitView(trainer).sharded_by()
+        if sharded is not None:  # its collectives run inside the step: counting is not tried
+            return f"FLOPs are not counted when {sharded}"
+        return None
+
+    def after_batch(self) -> float | None:
+        """After a batch: the FLOPs per sample, once counted (``None`` before, or without)."""
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+            flops = int(counter.get_total_flops())
+            if flops > 0:
+                self.flops_per_sample = flops / self._samples
+            else:
+                self.notes.append("no MFU: the step ran no matmul, convolution or attention")
+                self._active = False
+        return self.flops_per_sample
+
+    def abort(self) -> None:
+        """The step failed while counted: leave the counter (idempotent)."""
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
