@@ -45,6 +45,8 @@ def show(callback: Any, fit_s: float, report_dir: Path) -> None:
     print(f"   settings now: {', '.join(f'{k}={v}' for k, v in tuning.settings.items())}")
     print(f"   stopped: {tuning.stop_reason}")
     print(f"   diagnosis now: {report.bottleneck}")
+    if report.limit is not None:  # MFU against this machine's measured peak, or the loader's share
+        print(f"     distance to the limit: {report.limit}")
     for diagnosis in report.diagnoses[:1]:
         print(f"     {diagnosis.summary}")
         for rec in diagnosis.recommendations[:3]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.observe.limit import Limit, distance
 from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window, combined_rate
 
 __all__ = ["KnobChange", "ThroughputReport", "strict_json"]
@@ -112,14 +113,30 @@ class ThroughputReport:
         """The most confident kind of the last window, or ``"unknown"``."""
         return self.diagnoses[0].kind.value if self.diagnoses else "unknown"
 
+    @property
+    def limit(self) -> Limit | None:
+        """How far the final settings run from the machine's limit (``None``: no window)."""
+        return distance(self.in_force, self.bottleneck)
+
+    @property
+    def joules_per_sample(self) -> float | None:
+        """Device energy per sample under the final settings (NVML's counter; ``None``: none)."""
+        measured = [w for w in self.in_force if w.joules_per_sample is not None]
+        samples = sum(sum(w.samples) for w in measured)
+        if not samples:
+            return None
+        return sum((w.joules_per_sample or 0.0) * sum(w.samples) for w in measured) / samples
+
     def rate_text(self) -> str:
-        """The headline rate: per rank and over all ranks under DDP."""
+        """The headline rate: per rank and over all ranks under DDP; energy where measured."""
         world = self.in_force[-1].context.world_size if self.in_force else 1
+        energy = self.joules_per_sample
+        joules = "" if energy is None else f" ({energy:.3g} J/sample on the device)"
         if world <= 1:
-            return f"{self.samples_per_s:.1f} samples/s"
+            return f"{self.samples_per_s:.1f} samples/s{joules}"
         return (
             f"{self.samples_per_s:.1f} samples/s per rank "
-            f"({self.global_samples_per_s:.1f} over {world} ranks)"
+            f"({self.global_samples_per_s:.1f} over {world} ranks){joules}"
         )
 
     def summary(self) -> str:
@@ -135,6 +152,9 @@ class ThroughputReport:
             f"{self.median_step_s * 1e3:.1f} ms, data wait {self.data_wait_share:.0%}; "
             f"bottleneck: {self.bottleneck}"
         ]
+        limit = self.limit
+        if limit is not None:
+            lines.append(f"  limit: {limit}")
         if self.diagnoses:
             top = self.diagnoses[0]
             lines.append(f"  {top.summary}")
@@ -164,8 +184,13 @@ class ThroughputReport:
             "steps_under_final_settings": self.steps,
             "final_window_first_steps": [w.first_step for w in final],
             "median_step_s": self.median_step_s,
+            "joules_per_sample": self.joules_per_sample,
             "data_wait_share": self.data_wait_share,
             "bottleneck": self.bottleneck,
+            "limit": None if self.limit is None else self.limit.to_dict(),
+            "mfu": None
+            if self.limit is None or self.limit.utilization is None
+            else self.limit.utilization.mfu,
             "diagnoses": [d.to_dict() for d in self.diagnoses],
             "windows": [w.to_dict() for w in self.windows],
             "step_log": [list(s) for s in self.step_log],
@@ -191,6 +216,9 @@ class ThroughputReport:
             f" data wait {self.data_wait_share:.0%}{where}",
             "",
         ]
+        limit = self.limit
+        if limit is not None:
+            md += [f"**Distance to the limit:** {limit}", ""]
         for d in self.diagnoses:
             md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]
             if d.evidence:
@@ -206,8 +234,8 @@ class ThroughputReport:
         md += [
             "## Windows",
             "",
-            "| steps | samples/s | median step ms | data wait | GPU util | settings |",
-            "|---|---|---|---|---|---|",
+            "| steps | samples/s | median step ms | data wait | GPU util | MFU | GC | settings |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         final = {w.first_step for w in self.in_force}  # a capture may have replaced a window
         for w in self.windows:
@@ -216,7 +244,8 @@ class ThroughputReport:
             md.append(
                 f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
                 f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
-                f"{'-' if util is None else f'{util:.0f} %'} | {which} |"
+                f"{'-' if util is None else f'{util:.0f} %'} | {_mfu(w)} | "
+                f"{'-' if w.gc is None else f'{w.gc.share:.0%}'} | {which} |"
             )
         for title, items in (("Knob changes", self.knob_changes), ("Captures", self.captures)):
             if items:
@@ -254,6 +283,13 @@ class ThroughputReport:
         (out / "report.md").write_text(report.to_markdown())
         written["report.json"], written["report.md"] = out / "report.json", out / "report.md"
         return written
+
+
+def _mfu(window: Window) -> str:
+    util = window.utilization
+    if util is None:
+        return "-"
+    return "error" if util.mfu is None else f"{util.mfu:.0%}"
 
 
 def _with_note(report: ThroughputReport, note: str) -> ThroughputReport:

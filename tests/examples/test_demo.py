@@ -30,10 +30,13 @@ def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None
     assert re.search(r"^   settings now: num_workers=\d+, prefetch_factor=", out, flags=re.M)
     assert re.search(r"^   stopped: \S", out, flags=re.M)
     assert re.search(r"^   diagnosis now: \w+", out, flags=re.M)
+    limit = r"^     distance to the limit: (at \d+% of this device's measured fp32 peak|the loader)"
+    assert re.search(limit, out, flags=re.M), "the demo says how far it runs from the limit"
     report = tmp_path / "demo-report"
     assert f"report files: report.json, report.md, timeline.png in {report}" in out
     written = json.loads((report / "report.json").read_text())
     assert "knob_changes" in written
+    assert written["limit"]["limit"] in ("device", "loader") and written["limit"]["text"]
     assert written["tuning"]["cost"]["over_s"] == 0.0, "tuning kept within its budget"
 
 
