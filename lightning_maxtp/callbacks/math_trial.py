@@ -81,18 +81,22 @@ class MathTrials:
         assert self.knobs.math is not None
         return self.knobs.math
 
-    def change(self, kind: str, left_s: float) -> Try | None:
+    def change(self, kind: str, left_s: float, named: tuple[str, ...] = ()) -> Try | None:
         """Rank zero: the next allowed math knob the ``kind`` bottleneck points to, not tried.
 
         Args:
             kind: The top diagnosis's kind.
             left_s: The tuning budget left (a knob needing more is not tried).
+            named: The knobs the top diagnosis recommends by name (``named_only`` knobs are
+                tried only then).
         """
         allowed, device = self.math.allowed, self.monitor.context.device_type
         missing = [
             k
             for k in MATH_ORDER.get(kind, ())
-            if k not in allowed and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
+            if k not in allowed
+            and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
+            and (not knob_class(k).named_only or k in named)
         ]
         if missing and self.config.allow != "all":
             self.log.note(
@@ -102,6 +106,8 @@ class MathTrials:
         for knob in math_knobs_for(kind, allowed):
             spec = knob_class(knob)
             if spec.before_fit:  # chosen before the fit (``find_batch_size``)
+                continue
+            if spec.named_only and knob not in named:  # the finding is not its cause
                 continue
             offer = self.math.offer(knob)
             short = spec.min_budget_s and left_s < spec.min_budget_s  # an overrun budget too

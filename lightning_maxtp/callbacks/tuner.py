@@ -494,7 +494,7 @@ class Tuner:
             elif isinstance(decision, AskMath):
                 cost_now = self.summary.cost
                 left = cost_now.left_s if cost_now is not None else math.inf
-                math_knob = self.math_trials.change(decision.kind, left)
+                math_knob = self.math_trials.change(decision.kind, left, decision.named)
             elif (
                 isinstance(decision, Try)
                 and decision is not plan  # its trial's cost was set aside before measuring

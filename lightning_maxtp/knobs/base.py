@@ -117,6 +117,9 @@ class Knob(Protocol):
     """Chosen before training, not tried mid-fit (the batch size)."""
     context_field: ClassVar[str | None]
     """The ``JobContext`` field its value is diagnosed as (``None``: not diagnosed)."""
+    named_only: ClassVar[bool]
+    """Tried only when the top diagnosis recommends it by name: its bottleneck kind has other
+    causes it cannot help (``gc`` for a ``host_overhead`` made of collections, not syncs)."""
 
     def current(self, fit: FitView) -> Any:
         """Its value now."""
@@ -150,6 +153,7 @@ class BaseKnob:
     min_budget_s: ClassVar[float] = 0.0
     before_fit: ClassVar[bool] = False
     context_field: ClassVar[str | None] = None
+    named_only: ClassVar[bool] = False
 
     def current(self, fit: FitView) -> Any:
         """Its value now."""

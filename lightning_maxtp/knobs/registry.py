@@ -15,6 +15,7 @@ from lightning_maxtp.knobs.channels_last import ChannelsLast
 from lightning_maxtp.knobs.compile import Compile
 from lightning_maxtp.knobs.cudnn_benchmark import CudnnBenchmark
 from lightning_maxtp.knobs.fused_optimizer import FusedOptimizer
+from lightning_maxtp.knobs.gc_freeze import GcFreeze
 from lightning_maxtp.knobs.precision import Precision
 from lightning_maxtp.knobs.tf32 import Tf32
 
@@ -37,6 +38,7 @@ KNOBS: tuple[type[Knob], ...] = (
     CudnnBenchmark,
     Compile,
     FusedOptimizer,
+    GcFreeze,
     BatchSize,
 )
 """Every knob beyond the loader's and the main threads', in the order ties are tried."""
@@ -48,6 +50,7 @@ MathKnob = Literal[
     "cudnn_benchmark",
     "compile",
     "fused_optimizer",
+    "gc",
     "batch_size",
 ]
 """A knob ``allow`` may name: ``KNOBS``' names spelled out, for type checkers and LightningCLI."""

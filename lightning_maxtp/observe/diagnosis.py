@@ -3,7 +3,8 @@
 Pure: plain data in (``Window``), plain data out; no torch. Each rule reads shares of the step
 or of the sampling period (thresholds and their sources in ``thresholds``) and returns the
 measured numbers that triggered it plus concrete recommendations (``recommend``). On a CPU
-device only the kinds that exist there are considered: data_pipeline, storage, compute.
+device only the kinds that exist there are considered: data_pipeline, storage, compute, and
+host_overhead made of garbage collections.
 """
 
 from __future__ import annotations
@@ -255,6 +256,9 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
         "main_cpu_percent": _r(main, 1),
         "data_wait_share": _r(w.data_wait_share),
     }
+    evidence |= _host_cpu_evidence(w)
+    if w.syncs is not None:
+        evidence |= {"syncs_per_step": _r(w.syncs.per_step, 2), "sync_sources": w.syncs.sources[:3]}
     if cap is not None:
         evidence |= {"capture_" + k: v for k, v in cap.to_dict().items()}
         short = cap.median_kernel_us is not None and cap.median_kernel_us < th.KERNEL_SHORT_US
@@ -298,6 +302,65 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
     return out
 
 
+def _collections(w: Window) -> list[Diagnosis]:
+    """Python's garbage collector takes a measurable share of the step (any device)."""
+    gc = w.gc
+    if gc is None or gc.share <= th.GC_SHARE:
+        return []
+    strength = _clamp((gc.share - th.GC_SHARE) / (th.GC_SHARE_STRONG - th.GC_SHARE))
+    evidence = {
+        "gc_share": _r(gc.share),
+        "gc_collections": gc.count,
+        "gc_full_collections": gc.gen2,
+        "gc_total_s": _r(gc.total_s, 4),
+        "gc_longest_s": _r(gc.longest_s, 4),
+        "gc_slow_steps": gc.slow_steps,
+        "samples_per_s": _r(w.samples_per_s, 1),
+    }
+    slow = f"; {gc.slow_steps} slow step(s) ran during a full one" if gc.slow_steps else ""
+    summary = (
+        f"garbage collection takes {gc.share:.0%} of step time ({gc.count} collections, "
+        f"{gc.gen2} full, longest {gc.longest_s * 1e3:.1f} ms){slow}"
+    )
+    recs = tuple(rec.collections(w))  # host_overhead's own include it, on a GPU host
+    if w.context.device_type == "cuda":
+        recs = tuple(rec.host_overhead(w))
+    return [Diagnosis(BottleneckKind.HOST_OVERHEAD, 0.5 + 0.47 * strength, summary, evidence, recs)]
+
+
+def _host_cpu_evidence(w: Window) -> dict[str, Any]:
+    busy = rec.host_cpu(w)
+    if busy is None:
+        return {}
+    system, own, others = busy
+    return {
+        "host_cpu_percent": _r(system, 1),
+        "host_cores_this_job": _r(own, 2),
+        "host_cores_other_processes": _r(others, 2),
+    }
+
+
+def _busy_host(w: Window) -> list[Diagnosis]:
+    """A GPU host's CPUs over ``HOST_CPU_BUSY``: kernel launches may wait for a core.
+
+    Listed below the healthy threshold unless the GPU idles too (``_gpu_idle`` names that):
+    busy CPUs alone slow a step only when its launches are late.
+    """
+    busy = rec.host_cpu(w)
+    if busy is None or busy[0] < th.HOST_CPU_BUSY:
+        return []
+    system, own, others = busy
+    who = "other processes" if others > own else "this job (its process and workers)"
+    summary = (
+        f"host CPUs {system:.0f} % busy on a GPU host (this job {own:.1f} cores, other "
+        f"processes {others:.1f}): mostly {who}; kernel launches may wait for a core"
+    )
+    recs = [r for r in (rec.fewer_workers(w),) if r is not None]
+    return [
+        Diagnosis(BottleneckKind.HOST_OVERHEAD, 0.4, summary, _host_cpu_evidence(w), tuple(recs))
+    ]
+
+
 def _unused_gpus(w: Window) -> list[Diagnosis]:
     free = w.context.unused_free_gpus
     if not free:
@@ -323,9 +386,9 @@ def diagnose(window: Window) -> list[Diagnosis]:
     """
     if window.steps < th.MIN_STEPS:
         return []
-    found = [*_data_side(window), *_compute(window)]
+    found = [*_data_side(window), *_compute(window), *_collections(window)]
     if window.context.device_type == "cuda":
-        found += [*_vram(window), *_gpu_idle(window), *_unused_gpus(window)]
+        found += [*_vram(window), *_gpu_idle(window), *_busy_host(window), *_unused_gpus(window)]
     found = _merge(found)
     top = max((d.confidence for d in found), default=0.0)
     if top < th.HEALTHY_BELOW:

@@ -316,17 +316,52 @@ def host_overhead(window: Window) -> list[Recommendation]:
                 "persistent_workers", False, True, "no worker restart at every epoch", True
             )
         )
-    if cap is not None and cap.syncs_per_step > th.SYNCS_PER_STEP:
+    syncs = window.syncs
+    per_step = (
+        syncs.per_step if syncs is not None else (None if cap is None else cap.syncs_per_step)
+    )
+    if per_step is not None and per_step > th.SYNCS_PER_STEP:
+        where = ""
+        if syncs is not None and syncs.sources:
+            where = " at " + ", ".join(line for line, _ in syncs.sources[:3])
         recs.append(
             Recommendation(
                 "syncs per step",
-                round(cap.syncs_per_step, 1),
+                round(per_step, 1),
                 0,
-                "remove .item()/.cpu()/print of tensors in the step; log with sync_dist off",
+                f"remove .item()/.cpu()/print of tensors in the step{where}; log with "
+                "sync_dist off",
                 False,
             )
         )
-    return recs
+    return [*collections(window), *recs]
+
+
+def collections(window: Window) -> list[Recommendation]:
+    """The ``gc`` knob, when Python's collector takes a measurable share of the step."""
+    gc = window.gc
+    if gc is None or gc.share <= th.GC_SHARE or window.context.gc_tuned:
+        return []
+    why = (
+        f"{gc.count} collections ({gc.gen2} full) take {gc.share:.0%} of step time: freeze the "
+        "long-lived objects, collect less often; kept only if faster"
+    )
+    return [Recommendation("gc", "default", "frozen", why, True)]
+
+
+def host_cpu(window: Window) -> tuple[float, float, float] | None:
+    """A GPU host's CPUs in use: ``(machine %, cores this job uses, cores others use)``.
+
+    ``None`` off CUDA, or without the machine's CPU or its core count measured.
+    """
+    ctx, s = window.context, window.sampler
+    system, cores = s.mean_system_cpu, ctx.host_cpus
+    if ctx.device_type != "cuda" or system is None or not cores:
+        return None
+    busy = system / 100 * cores
+    workers = s.worker_cpu_percent
+    own = ((s.mean_main_cpu or 0.0) + (sum(workers) / len(workers) if workers else 0.0)) / 100
+    return system, own, max(0.0, busy - own)
 
 
 def under_occupied(window: Window) -> list[Recommendation]:

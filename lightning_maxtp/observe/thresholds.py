@@ -45,6 +45,11 @@ has CPU to win back from them: fewer workers are tried (judged on real steps).""
 HOST_CPU_BUSY = 40.0
 """Machine CPU above this percent on a GPU host leaves kernel launches waiting for a core.
 Source: SPDL's guidance for GPU hosts (keep total CPU use under ~40 %)."""
+GC_SHARE = 0.05
+"""Garbage collection above this share of step time is host overhead worth a knob (the same 5 %
+a data wait must pass to name the input pipeline)."""
+GC_SHARE_STRONG = 0.25
+"""A collection share at which ``host_overhead`` is named with full confidence."""
 MAIN_THREAD_WAITING = 0.40
 """``maxtp triage``: a main thread running in fewer than this share of readings mostly waits
 (for its loader's workers or reads), whatever its thread pools' CPU use says."""

@@ -76,10 +76,12 @@ class AskMath:
     """
 
     kind: str
+    named: tuple[str, ...] = ()
+    """The knobs the top diagnosis recommends by name (a ``named_only`` knob needs to be)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return {"kind": self.kind}
+        return {"kind": self.kind, "named": list(self.named)}
 
 
 @dataclass(frozen=True)

@@ -389,7 +389,8 @@ class TuningLoop:
         change = self.next_try(found, settings, device_type=device_type)
         kind = found[0].kind.value if found else "unknown"
         if change is None and math is ASK:
-            return AskMath(kind)
+            named = tuple(r.knob for r in found[0].recommendations) if found else ()
+            return AskMath(kind, named)
         if change is None and isinstance(math, Try):
             return math
         if change is None:

@@ -49,15 +49,16 @@ def test_the_derived_sets_are_the_ones_the_loop_always_used() -> None:
     assert {
         "compute": tried, "healthy": tried,
         "kernel_launch": ("compile", "fused_optimizer", "cudnn_benchmark"),
-        "host_overhead": ("compile", "fused_optimizer"),
+        "host_overhead": ("gc", "compile", "fused_optimizer"),
         "vram": ("precision",),
     } == registry.MATH_ORDER  # fmt: skip
     assert {"precision", "channels_last", "tf32", "compile", "fused_optimizer"} == registry.GUARDED
-    assert registry.SAFE == ("cudnn_benchmark",)
+    assert registry.SAFE == ("cudnn_benchmark", "gc")
     assert {"cudnn_benchmark"} == registry.NOT_DETERMINISTIC
     assert {"tf32": {"cuda"}, "cudnn_benchmark": {"cuda"}} == registry.DEVICE_LIMITED
-    assert resolve_allow("safe") == ("cudnn_benchmark",)
-    assert resolve_allow("all", deterministic=True) == ("batch_size",)
+    assert resolve_allow("safe") == ("cudnn_benchmark", "gc")
+    assert resolve_allow("all", deterministic=True) == ("gc", "batch_size")
+    assert [k.name for k in registry.KNOBS if k.named_only] == ["gc"]
     assert math_knobs_for("kernel_launch", ("cudnn_benchmark", "compile")) == (
         "compile", "cudnn_benchmark",
     )  # fmt: skip
