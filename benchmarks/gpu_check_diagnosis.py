@@ -10,7 +10,10 @@ Each case is a real ``Trainer.fit`` on one GPU whose limit is known by construct
 | big-model-cached | 4 x 8192 MLP, batch 1024, data already on the GPU | compute |
 | jpeg-0-workers | resnet18 on JPEGs decoded by PIL in the main process | data_pipeline |
 
-The monitor runs with ``capture="auto"``, so the ambiguous cases get a profiler capture. Then
+The monitor runs with ``capture="auto"``, so the ambiguous cases get a profiler capture, during
+which the device syncs are counted by line (the item-and-pageable case must name the ``.item()``
+line of ``Mlp``). Each row also prints the distance to the limit (MFU against the measured peak,
+or the loader's share) and the energy per sample where NVML has the counter. Then
 the monitor's overhead is measured A/B/A/B on the compute case. Prints a table (expected vs
 named, confidence, the first recommendation, the capture) and one JSON line.
 
@@ -183,9 +186,18 @@ def run_case(
                 "detail": f"{type(err).__name__}: {err}"}  # fmt: skip
     assert mon is not None
     top = mon.report.diagnoses[0] if mon.report.diagnoses else None
+    syncs = next((w.syncs for w in reversed(mon.windows) if w.syncs is not None), None)
+    ok = top is not None and top.kind.value == expected
+    if name == "item-and-pageable":  # the sync counter must find the .item() line of Mlp
+        ok = ok and syncs is not None and any(Path(__file__).name in line
+                                              for line, _ in syncs.sources)  # fmt: skip
+    limit = mon.report.limit
     return {
         "case": name, "expected": expected, "named": top.kind.value if top else None,
-        "ok": top is not None and top.kind.value == expected,
+        "ok": ok,
+        "syncs": None if syncs is None else str(syncs),
+        "limit": None if limit is None else str(limit),
+        "joules_per_sample": mon.report.joules_per_sample,
         "confidence": None if top is None else round(top.confidence, 2),
         "first_knob": str(top.recommendations[0]) if top and top.recommendations else None,
         "evidence": None if top is None else top.evidence,
@@ -219,8 +231,9 @@ def main() -> int:
         detail = r.get("first_knob") or r.get("detail") or ""
         print(f"{r['case']:<22} {r['expected']:<14} {r['named'] or '-':<14} {ok:<5} "
               f"{r.get('confidence') or '-':<5} {detail}")  # fmt: skip
-        if r.get("capture"):
-            print(f"{'':<22} {r['capture']}")
+        for key in ("capture", "syncs", "limit", "joules_per_sample"):
+            if r.get(key) is not None:
+                print(f"{'':<22} {key}: {r[key]}")
     print(f"\nmonitor overhead: {over}")
     from lightning_maxtp.resources import inspect_resources
 
