@@ -85,7 +85,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             resources.cpu, ranks, has_gpus=bool(resources.gpus)
         )
         ctx["cpus_per_rank"] = max(1, resources.cpu.effective // max(1, ranks))
-        ctx["host_cpus"] = int(resources.cpu.effective)
+        ctx["host_cpus"] = int(resources.cpu.logical or resources.cpu.effective)  # as CPU % counts
         used = set(trainer.device_ids) if device.type == "cuda" else set()
         ctx["unused_free_gpus"] = tuple(i for i in resources.advice.free_gpus if i not in used)
     except Exception as err:  # the probe is advisory; the measurements stand without it

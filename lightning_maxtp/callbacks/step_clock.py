@@ -170,6 +170,7 @@ class StepClock(Callback):
             self._short_epochs = isinstance(batches, int) and batches < self.window_steps
         self._last_end = time.perf_counter() if self._short_epochs else None
         self._last_end_cpu = time.thread_time()
+        self.flops.abandon()  # a counted batch whose end never came: validation ran since
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -1,11 +1,13 @@
 """What a fit's MFU is divided by and multiplied with: the device's peak, one batch's FLOPs.
 
 ``FlopMeter`` reads the device's measured matmul peak when training starts (``resources.peak``:
-from the cache, else measured once, a few hundred milliseconds, before the first step), and
-counts the FLOPs of the first training batch by running that one step under torch's
-``FlopCounterMode`` (forward, backward and optimizer step; that step is left out of every
-window, since the counter slows it). Later steps run without it. A user who knows the count
-passes ``flops_per_batch`` and nothing is counted. Rank zero only: it is the rank that reports.
+from the cache, else measured once before the first step: under a second on a CPU, a second
+or two on a GPU), and counts the FLOPs of the first training batch by running that one step
+under torch's ``FlopCounterMode`` (forward, backward and optimizer step). Later steps run
+without it. Rank zero counts (it is the rank that reports), but every rank leaves that first
+step out of its windows: under DDP the ranks close their windows at the same steps, since each
+window ends in collectives. A user who knows the count passes ``flops_per_batch``: nothing is
+counted and no step is left out.
 """
 
 from __future__ import annotations
@@ -52,11 +54,17 @@ class FlopMeter:
         self.notes: list[str] = []
         """What a user should know: the peak measured now, or why there is no MFU."""
         self._counter: Any = None
+        self._samples = 1
         self._active = False
+        """This rank counts (rank zero, MFU on, nothing counted yet)."""
+        self._skip_first = False
+        """The fit's first batch is still to come and is left out of the windows."""
 
     def start(self, trainer: pl.Trainer) -> tuple[tuple[str, float], ...]:
         """Training starts: the device's peak per dtype (rank zero; ``()`` elsewhere or off)."""
-        self.flops_per_sample, self._counter, self.notes = None, None, []
+        self.abort()
+        self.flops_per_sample, self.notes = None, []
+        self._skip_first = self.enabled and self.flops_per_batch is None  # on every rank
         self._active = self.enabled and trainer.is_global_zero
         if not self._active:
             return ()
@@ -85,17 +93,23 @@ class FlopMeter:
         return self.peaks
 
     def before_batch(self, trainer: pl.Trainer, samples: int) -> bool:
-        """Before a batch: whether this step is counted (and so must not be timed)."""
-        if not self._active or self.flops_per_sample is not None or self._counter is not None:
-            return False
+        """Before a batch: whether this step is left out of the windows (the counted one).
+
+        A counter still open here belongs to a batch that never ended (its module's
+        ``on_train_batch_start`` returned -1): see ``abandon``.
+        """
+        self.abandon()
+        first, self._skip_first = self._skip_first, False
+        if not self._active or self.flops_per_sample is not None:
+            return first
         if self.flops_per_batch is not None:
             self.flops_per_sample = self.flops_per_batch / max(1, samples)
-            return False
+            return first
         why = self._uncountable(trainer)
         if why is not None:
             self.notes.append(f"no MFU: {why}; pass `flops_per_batch=`")
             self._active = False
-            return False
+            return first
         from torch.utils.flop_counter import FlopCounterMode
 
         self._counter = FlopCounterMode(display=False)
@@ -128,8 +142,20 @@ class FlopMeter:
                 self._active = False
         return self.flops_per_sample
 
+    def abandon(self) -> None:
+        """A counted batch never ended: its count is dropped, and no later batch is counted.
+
+        Counting another batch would leave one more step out on this rank than on the others.
+        """
+        if self._counter is not None:
+            self.abort()
+            self._active = False
+            self.notes.append(
+                "no MFU: the counted first batch never ended; pass `flops_per_batch=`"
+            )
+
     def abort(self) -> None:
-        """The step failed while counted: leave the counter (idempotent)."""
+        """Leave an open counter and drop its count (a failed or abandoned step; idempotent)."""
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)

@@ -51,8 +51,12 @@ class GcFreeze(BaseKnob):
         if value:
             if self._was is None:
                 self._was = gc.get_threshold()
-            gc.freeze()  # every object alive now: the model, optimizer, dataset
-            self._froze = True
+            # Objects the user froze themselves stay frozen: unfreeze would thaw them too, so
+            # the knob then only raises the threshold.
+            if not self._froze and gc.get_freeze_count() == 0:
+                gc.collect()  # garbage pending now must not be frozen (it may hold tensors)
+                gc.freeze()  # every object alive now: the model, optimizer, dataset
+                self._froze = True
             gc.set_threshold(GEN0_THRESHOLD, *self._was[1:])
         else:
             self.restore(fit)

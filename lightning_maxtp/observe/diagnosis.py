@@ -329,13 +329,14 @@ def _collections(w: Window) -> list[Diagnosis]:
 
 
 def _host_cpu_evidence(w: Window) -> dict[str, Any]:
+    """How busy a GPU host's CPUs are and who uses them (``{}`` off CUDA or unmeasured)."""
     busy = rec.host_cpu(w)
     if busy is None:
         return {}
     system, own, others = busy
     return {
         "host_cpu_percent": _r(system, 1),
-        "host_cores_this_job": _r(own, 2),
+        "host_cores_this_process": _r(own, 2),
         "host_cores_other_processes": _r(others, 2),
     }
 
@@ -350,10 +351,11 @@ def _busy_host(w: Window) -> list[Diagnosis]:
     if busy is None or busy[0] < th.HOST_CPU_BUSY:
         return []
     system, own, others = busy
-    who = "other processes" if others > own else "this job (its process and workers)"
+    who = "other processes" if others > own else "this process and its workers"
     summary = (
-        f"host CPUs {system:.0f} % busy on a GPU host (this job {own:.1f} cores, other "
-        f"processes {others:.1f}): mostly {who}; kernel launches may wait for a core"
+        f"host CPUs {system:.0f} % busy on a GPU host (this process and its workers "
+        f"{own:.1f} cores, other processes {others:.1f}): mostly {who}; kernel launches may "
+        "wait for a core"
     )
     recs = [r for r in (rec.fewer_workers(w),) if r is not None]
     return [

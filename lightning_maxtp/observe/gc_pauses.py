@@ -11,6 +11,7 @@ were, their total and longest pause, and their share of that span's step time.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import statistics
 import time
@@ -120,10 +121,13 @@ class GcPauses:
             start_s: The span's start.
             end_s: The span's end.
             step_s: The span's step time, the share's denominator.
-            steps: ``(end, duration)`` of each step in the span: a slow one that overlaps a
-                full collection is counted in ``slow_steps``.
+            steps: ``(end, duration)`` of each step in the span, in order: only the pauses
+                that overlap one are counted (not those between timed steps), and a slow step
+                that overlaps a full collection is counted in ``slow_steps``.
         """
         inside = [p for p in self.pauses if start_s <= p.end_s <= end_s]
+        if steps:  # not the gaps between timed steps (validation, a checkpoint, blocked time)
+            inside = _during(inside, steps)
         total = sum(p.seconds for p in inside)
         return GcSummary(
             count=len(inside),
@@ -137,6 +141,18 @@ class GcPauses:
     def clear_before(self, t_s: float) -> None:
         """Forget the pauses that ended before ``t_s`` (a window closed: they are summarized)."""
         self.pauses = [p for p in self.pauses if p.end_s >= t_s]
+
+
+def _during(pauses: list[GcPause], steps: Sequence[tuple[float, float]]) -> list[GcPause]:
+    """The pauses that overlap one of ``steps`` (``(end, duration)``, in order, disjoint)."""
+    ends = [end for end, _ in steps]
+    out = []
+    for p in pauses:
+        # The first step ending after the pause began is the only one that can overlap it.
+        i = bisect.bisect_right(ends, p.end_s - p.seconds)
+        if i < len(steps) and steps[i][0] - steps[i][1] < p.end_s:
+            out.append(p)
+    return out
 
 
 def _slow_during_full(pauses: list[GcPause], steps: Sequence[tuple[float, float]]) -> int:

@@ -346,11 +346,13 @@ def collections(window: Window) -> list[Recommendation]:
         f"{gc.count} collections ({gc.gen2} full) take {gc.share:.0%} of step time: freeze the "
         "long-lived objects, collect less often; kept only if faster"
     )
-    return [Recommendation("gc", "default", "frozen", why, True)]
+    return [Recommendation("gc", False, True, why, True)]
 
 
 def host_cpu(window: Window) -> tuple[float, float, float] | None:
-    """A GPU host's CPUs in use: ``(machine %, cores this job uses, cores others use)``.
+    """A GPU host's CPUs in use: ``(machine %, cores this process and its workers use, others)``.
+
+    Others include the other ranks of a DDP job on this node.
 
     ``None`` off CUDA, or without the machine's CPU or its core count measured.
     """

@@ -286,6 +286,7 @@ class ThroughputReport:
 
 
 def _mfu(window: Window) -> str:
+    """A window's MFU for the windows table: ``-`` without a count, ``error`` above the peak."""
     util = window.utilization
     if util is None:
         return "-"

@@ -3,21 +3,27 @@
 A CUDA step that calls ``.item()``, ``.cpu()``, ``print(tensor)`` or logs with
 ``sync_dist=True`` makes the host wait for the device: the launch queue drains, and the GPU
 idles until the host catches up. ``torch.cuda.set_sync_debug_mode("warn")`` makes torch warn at
-each such call; ``count_syncs`` turns that on for a few steps, records the warnings (each names
-the Python line that made the call), and puts the mode back. ``SyncCount`` is the plain result.
+each such call; ``SyncCounter`` turns that on for a few steps, records those warnings (each
+names the Python line that made the call), and puts the mode back. ``SyncCount`` is the plain
+result. Lines inside torch, Lightning or this library are counted under one name per package:
+what a user can change is their own lines.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
-__all__ = ["SyncCount", "SyncCounter"]
+__all__ = ["SyncCount", "SyncCounter", "source_of"]
 
 _SYNC_WARNING = "synchronizing"
 """Torch's sync-debug warning says "called a synchronizing CUDA operation"."""
+_LIBRARIES = ("lightning_maxtp", "lightning", "pytorch_lightning", "torch")
+"""Packages whose own lines are counted under one name (the user cannot change them)."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,7 @@ class SyncCount:
     steps: int
     count: int
     sources: tuple[tuple[str, int], ...] = ()
-    """``("file.py:42", syncs)`` per line that asked."""
+    """``("file.py:42", syncs)`` per line that asked (``"torch internals"``... for libraries)."""
 
     @property
     def per_step(self) -> float:
@@ -48,20 +54,39 @@ class SyncCount:
         return f"{self.per_step:.1f} device syncs/step" + (f" from {where}" if where else "")
 
 
-@dataclass
+def _roots() -> list[tuple[str, str]]:
+    """``(package, its directory)`` of each library imported, the most nested first."""
+    roots = []
+    for package in _LIBRARIES:
+        module = sys.modules.get(package)
+        path = getattr(module, "__file__", None)
+        if path:
+            roots.append((package, str(PurePath(path).parent)))
+    return roots
+
+
+def source_of(filename: str, lineno: int) -> str:
+    """``file.py:42`` for a user's line; ``"<package> internals"`` inside a library."""
+    for package, root in _roots():
+        if filename.startswith(root + "/"):
+            return f"{package} internals"
+    return f"{filename}:{lineno}"
+
+
 class SyncCounter:
     """Counts device syncs between ``start`` and ``stop`` (CUDA only; see the module docstring).
 
     Args:
         cuda: The ``torch.cuda`` module (tests pass a fake with ``set_sync_debug_mode`` and
-            ``get_sync_debug_mode``).
+            ``get_sync_debug_mode``); ``None``: torch's, imported at ``start``.
     """
 
-    cuda: Any = None
-    _before: Any = None
-    _records: list[warnings.WarningMessage] = field(default_factory=list)
-    _catcher: Any = None
-    steps: int = 0
+    def __init__(self, cuda: Any = None) -> None:
+        self.cuda = cuda
+        self.steps = 0
+        self._before: Any = None
+        self._records: list[warnings.WarningMessage] = []
+        self._catcher: Any = None
 
     @property
     def running(self) -> bool:
@@ -78,7 +103,9 @@ class SyncCounter:
             self.cuda = torch.cuda
         self._catcher = warnings.catch_warnings(record=True)
         self._records = self._catcher.__enter__()
-        warnings.simplefilter("always")
+        # Every sync, every time, and never as an error (``-W error`` would fail the step);
+        # the user's filters go on deciding for their own warnings.
+        warnings.filterwarnings("always", message=f".*{_SYNC_WARNING}")
         self._before = self.cuda.get_sync_debug_mode()
         self.cuda.set_sync_debug_mode("warn")
         self.steps = 0
@@ -97,10 +124,9 @@ class SyncCounter:
         finally:
             self._catcher.__exit__(None, None, None)
             self._catcher = None
-        lines = Counter(
-            f"{r.filename}:{r.lineno}" for r in self._records if _SYNC_WARNING in str(r.message)
-        )
-        others = [r for r in self._records if _SYNC_WARNING not in str(r.message)]
-        for r in others:  # the user's own warnings are not ours to swallow
-            warnings.warn_explicit(r.message, r.category, r.filename, r.lineno)
-        return SyncCount(self.steps, sum(lines.values()), tuple(lines.most_common()))
+        syncs = [r for r in self._records if _SYNC_WARNING in str(r.message)]
+        lines = Counter(source_of(r.filename, r.lineno) for r in syncs)
+        for r in self._records:  # the user's own warnings are not ours to swallow
+            if _SYNC_WARNING not in str(r.message):
+                warnings.warn_explicit(r.message, r.category, r.filename, r.lineno)
+        return SyncCount(self.steps, len(syncs), tuple(lines.most_common()))

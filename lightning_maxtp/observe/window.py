@@ -52,7 +52,8 @@ class JobContext:
     cpu_worker_ceiling: int | None = None
     """Most workers the loop may try past the budget, one at a time (``worker_ceiling``)."""
     host_cpus: int | None = None
-    """Effective CPUs of this machine (the probe's), for who uses a GPU host's CPUs."""
+    """Logical CPUs of this machine (what its CPU percentage counts), for who uses a GPU
+    host's CPUs."""
     cpus_per_rank: int | None = None
     """Effective CPUs of this node divided by its ranks (what this process's threads share)."""
     intra_op_threads: int | None = None

@@ -174,7 +174,9 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32
 
     cuda = device.startswith("cuda")
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
-    before = torch.backends.cuda.matmul.allow_tf32
+    # The precision setting, not the flag: "medium" read back through the flag would return
+    # as "high", and the user's setting is put back as it was.
+    before = torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         a = torch.randn(size, size, device=device, dtype=dtype)
@@ -191,7 +193,7 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32
                     break
         elapsed = time.perf_counter() - start
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        torch.set_float32_matmul_precision(before)
     return 2 * size**3 * runs / elapsed
 
 

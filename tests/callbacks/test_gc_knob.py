@@ -81,3 +81,28 @@ def test_a_job_without_garbage_never_gets_the_gc_knob() -> None:
     windows = callback.windows
     assert windows and all(w.gc is not None and w.gc.share < 0.05 for w in windows)
     assert gc.get_threshold() == before
+
+
+def test_objects_the_user_froze_stay_frozen_and_pending_garbage_is_collected_first() -> None:
+    from types import SimpleNamespace
+
+    from lightning_maxtp.knobs.base import FitView
+    from lightning_maxtp.knobs.gc_freeze import GcFreeze
+
+    fit = FitView(SimpleNamespace())  # type: ignore[arg-type]
+    before = gc.get_threshold()
+    knob = GcFreeze()
+    assert knob.current(fit) is False
+    knob.apply(fit, True)
+    assert knob.current(fit) and gc.get_freeze_count() > 0
+    knob.restore(fit)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()  # the user's own (before forking workers, say)
+    try:
+        frozen = gc.get_freeze_count()
+        knob.apply(fit, True)
+        assert gc.get_threshold()[0] == GEN0_THRESHOLD and gc.get_freeze_count() == frozen
+        knob.apply(fit, False)
+        assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -56,3 +56,22 @@ def test_a_collection_running_when_it_is_installed_is_not_counted_half() -> None
     assert len(pauses.pauses) == 2, "the oldest beyond `keep` are dropped"
     with pytest.raises(ValueError, match=r"`keep` must be >= 1, got 0"):
         GcPauses(keep=0)
+
+
+def test_only_pauses_inside_timed_steps_count_and_slow_full_ones_are_named() -> None:
+    from lightning_maxtp.observe.gc_pauses import GcPause
+
+    pauses = GcPauses()
+    # Steps: [0, 1], [1, 2] and a slow one [5, 9] (validation ran in the gap 2..5).
+    steps = [(1.0, 1.0), (2.0, 1.0), (9.0, 4.0)]
+    pauses.pauses = [
+        GcPause(0, 0.5, 0.1),  # inside step 1
+        GcPause(2, 4.0, 0.5),  # in the gap: validation's, not a step's
+        GcPause(2, 8.0, 2.0),  # a full one inside the slow step
+    ]
+    summary = pauses.summary(0.0, 9.0, 6.0, steps)
+    assert (summary.count, summary.gen2, summary.slow_steps) == (2, 1, 1)
+    assert summary.total_s == pytest.approx(2.1) and summary.share == pytest.approx(0.35)
+    assert pauses.summary(0.0, 9.0, 6.0).count == 3  # without steps: the whole span
+    pauses.clear_before(5.0)
+    assert [p.end_s for p in pauses.pauses] == [8.0]

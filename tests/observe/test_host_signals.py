@@ -47,7 +47,7 @@ def test_a_busy_gpu_host_says_who_uses_its_cpus() -> None:
     found = {d.kind: d for d in diagnose(window(100, 0, sampler=sampler, context=ctx))}
     host = found[BottleneckKind.HOST_OVERHEAD]
     assert host.evidence == {
-        "host_cpu_percent": 60.0, "host_cores_this_job": 4.0, "host_cores_other_processes": 5.6,
+        "host_cpu_percent": 60.0, "host_cores_this_process": 4.0, "host_cores_other_processes": 5.6,
     }  # fmt: skip
     assert "mostly other processes" in host.summary and host.confidence < 0.5
     assert diagnose(window(100, 0, sampler=sampler, context=ctx))[0].kind is BottleneckKind.COMPUTE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,3 +54,16 @@ def test_the_users_own_warnings_are_passed_on_not_swallowed() -> None:
         warnings.warn("your learning rate is odd", UserWarning, stacklevel=1)
         count = counter.stop()
     assert count is not None and count.count == 0
+
+
+def test_lines_inside_torch_and_lightning_are_counted_under_their_package() -> None:
+    import lightning.pytorch
+    import torch
+
+    from lightning_maxtp.observe.syncs import source_of
+
+    torch_file = str(Path(torch.__file__).parent / "_tensor.py")
+    lightning_file = str(Path(lightning.pytorch.__file__).parent / "callbacks" / "progress.py")
+    assert source_of(torch_file, 12) == "torch internals"
+    assert source_of(lightning_file, 7) == "lightning internals"
+    assert source_of("/home/me/train.py", 42) == "/home/me/train.py:42"

@@ -101,3 +101,17 @@ def test_maxtp_inspect_peak_prints_and_caches_it(tmp_path: Path) -> None:
     text = subprocess.run(run[:-1], capture_output=True, text=True, timeout=120, check=True,
                           env=env).stdout  # fmt: skip
     assert "peak (cached): " in text and "TFLOP/s at " in text
+
+
+def test_measuring_puts_the_users_matmul_precision_back_as_it_was() -> None:
+    import torch
+
+    from lightning_maxtp.resources.peak import matmul_rate
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert matmul_rate("cpu", torch.float32, 64, 0.01, True) > 0
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
