@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import gc
 from typing import Any
 
@@ -18,25 +17,23 @@ from tests.helpers.models import MatmulModel
 
 
 class GarbageModel(pl.LightningModule):
-    """Holds a large object graph and makes cyclic garbage every step.
+    """Holds a large object graph and keeps a new one alive each step until the next.
 
-    300,000 long-lived dicts (a dataset index, a vocabulary) make every full collection walk
-    them; each step builds 20,000 small containers, some in cycles, and keeps the last three
-    steps' alive (as a metrics history would): measured here, collections take about 75 % of
-    the step, and a frozen graph with a raised threshold halves the step.
+    200,000 long-lived dicts (a dataset index, a vocabulary) make every full collection walk
+    them; each step builds 100,000 small lists and keeps them until the next step (as a cache of
+    the last batch's records would). The survivors pass a quarter of the long-lived objects, so
+    CPython runs a full collection at nearly every step: the cost is in every window alike, not
+    in a rare stall. Measured here in a plain loop: 64-70 ms a step by default, 11-12 ms frozen.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(16, 1)
-        self.graph = [{"i": i, "n": [i]} for i in range(300_000)]
-        self.history: collections.deque[list[Any]] = collections.deque(maxlen=3)
+        self.graph = [{"i": i, "n": [i]} for i in range(200_000)]
+        self.last: list[Any] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        tmp: list[Any] = [[j, {"k": j}] for j in range(20_000)]
-        for item in tmp[:5000]:
-            item.append(item)
-        self.history.append(tmp)
+        self.last = [[j] for j in range(100_000)]
         return self.layer(batch[0]).pow(2).mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
