@@ -8,8 +8,8 @@ What it measures, in one run (a few minutes on an H200 with 16 CPUs):
    memory, non-blocking copies, channels-last, bf16), the pool with everything ``"auto"``
    (``batch_size="auto"``: the batch-size search; copies per GPU from the first copy's measured
    memory), and the pool with ``pool_workers`` model copies on the GPU at batch 512. Reference
-   figures (DESIGN's anchors, same GPU): naive 289 img/s, expert 5,036 img/s; the targets are
-   the auto pool >= 5,036 img/s and the best pool >= the expert loop.
+   figures (the reference job's anchors, same GPU): naive 289 img/s, expert 5,036 img/s; the
+   targets are the auto pool >= 5,036 img/s and the best pool >= the expert loop.
 2. Where the remaining gap is: the GPU's ceiling (ResNet-50 forward on a batch already on the
    GPU, bf16, channels-last) and the CPU's (one core's JPEG decode rate x (CPUs - 1)); the
    bound is the lower of the two (nvjpeg decodes ~18,000 img/s on an H200: the lever past it).

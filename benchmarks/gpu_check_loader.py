@@ -6,8 +6,8 @@ normalize; ResNet-50, bf16, channels_last, batch 256), in a few minutes on one H
 1. The device's consumption rate: training steps on one batch already on the GPU.
 2. ``tune_dataloader`` on Lightning's defaults loader with that rate: pinned memory chosen,
    the CPU budget from the probe, tuned within its time budget (15 s).
-3. Real ``Trainer.fit`` runs, A/B: Lightning defaults (0 workers), hand-tuned (the DESIGN
-   anchor: CPUs - 1 workers, prefetch 4, pinned, persistent) and the plan. The plan must be
+3. Real ``Trainer.fit`` runs, A/B: Lightning defaults (0 workers), hand-tuned (the reference
+   job's anchor: CPUs - 1 workers, prefetch 4, pinned, persistent) and the plan. The plan must be
    within 10 % of hand-tuned and at least 2x the defaults.
 4. The GPU-marked loader tests (``tests/loader/test_tune.py -k gpu``).
 

@@ -94,10 +94,20 @@ class MaxThroughputCallback(Callback):
     Args:
         config: The closed loop's settings as one ``TuningConfig``. Alternatively pass its
             fields as the keywords below; passing both is an error.
-        warmup_steps, window_steps, settle_steps, min_gain, max_trials, time_budget_s,
-        tune_loader, loader_time_budget_s, max_workers, allow_batch_size_change, allow,
-        monitor_window_steps, drift_share, cost_share: The ``TuningConfig`` fields of the same
-            names, with its defaults; each is documented there.
+        warmup_steps: ``TuningConfig.warmup_steps`` (same default).
+        window_steps: ``TuningConfig.window_steps`` (same default).
+        settle_steps: ``TuningConfig.settle_steps`` (same default).
+        min_gain: ``TuningConfig.min_gain`` (same default).
+        max_trials: ``TuningConfig.max_trials`` (same default).
+        time_budget_s: ``TuningConfig.time_budget_s`` (same default).
+        tune_loader: ``TuningConfig.tune_loader`` (same default).
+        loader_time_budget_s: ``TuningConfig.loader_time_budget_s`` (same default).
+        max_workers: ``TuningConfig.max_workers`` (same default).
+        allow_batch_size_change: ``TuningConfig.allow_batch_size_change`` (same default).
+        allow: ``TuningConfig.allow`` (same default).
+        monitor_window_steps: ``TuningConfig.monitor_window_steps`` (same default).
+        drift_share: ``TuningConfig.drift_share`` (same default).
+        cost_share: ``TuningConfig.cost_share`` (same default).
         capture: Profiler capture mode after tuning (``"auto"``, ``"always"``, ``"never"``).
         report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
         verbose: Print the plan, the tuning progress and the final summary (rank zero).

@@ -1,43 +1,15 @@
-"""Every metric the callbacks log and show, in one table, and the window's values for them.
+"""Every metric the callbacks log and show, as data (``METRICS``), and a window's values for them.
 
-=================================  ===========================================================
-Key                                Logged value
-=================================  ===========================================================
-``maxtp/samples_per_s``            Training samples/s of the window on this rank (one rank's
-                                   share under DDP; the global rate is this times world size)
-``maxtp/step_time_ms``             Median step time of the window, milliseconds
-``maxtp/data_wait_share``          Share of step time spent waiting for the next batch (0..1)
-``maxtp/gpu_util_percent``         Mean NVML utilization of this rank's GPU (CUDA only)
-``maxtp/main_cpu_percent``         Mean CPU of the training process, percent of one core
-``maxtp/worker_cpu_percent``       Mean CPU of one DataLoader worker, percent of one core
-``maxtp/bottleneck_code``          The top diagnosis as its index in ``BottleneckKind``
-                                   (0 data_pipeline, 1 storage, 2 compute, 3 kernel_launch,
-                                   4 vram, 5 host_overhead, 6 under_occupied, 7 healthy)
-``maxtp/bottleneck_confidence``    Its confidence, 0..1
-``maxtp/straggler_rank``           DDP only: the rank that waits longest for its own data
-``maxtp/mfu``                      Model FLOPs utilization: FLOP/s of the window over this
-                                   device's measured peak for the dtype in force (0..1; left
-                                   out when the count exceeds the peak: an error, not 104 %)
-``maxtp/gc_share``                 Share of step time in Python's garbage collector (0..1)
-=================================  ===========================================================
-
-``MaxThroughputCallback`` also shows, while it tunes, on the progress bar (not logged):
-
-=================================  ===========================================================
-Key                                Shown value
-=================================  ===========================================================
-``maxtp_samples_s``                Samples/s of the last measured window (stalls capped)
-``maxtp_trials``                   Knob trials so far
-``maxtp_tuning``                   1 while tuning, 0 once the loop only monitors
-``maxtp_mfu``                      MFU of the last measured window (0..1), when known
-=================================  ===========================================================
-
-A key whose reading is missing in a window (no GPU, no sampler) is left out of that window.
+``METRICS`` is the one table: the documentation's metrics page is generated from it
+(``metrics_table``), and a test checks that the callbacks' docstrings list the same keys. A key
+whose reading is missing in a window (no GPU, no sampler, no FLOP count) is left out of that
+window.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis
 
@@ -45,24 +17,67 @@ if TYPE_CHECKING:
     from lightning_maxtp.callbacks.ranks import RankSpread
     from lightning_maxtp.observe.window import Window
 
-__all__ = ["LOGGED", "PROGRESS_BAR", "window_metrics"]
+__all__ = ["LOGGED", "METRICS", "PROGRESS_BAR", "Metric", "metrics_table", "window_metrics"]
 
-LOGGED = (
-    "maxtp/samples_per_s",
-    "maxtp/step_time_ms",
-    "maxtp/data_wait_share",
-    "maxtp/gpu_util_percent",
-    "maxtp/main_cpu_percent",
-    "maxtp/worker_cpu_percent",
-    "maxtp/bottleneck_code",
-    "maxtp/bottleneck_confidence",
-    "maxtp/straggler_rank",
-    "maxtp/mfu",
-    "maxtp/gc_share",
-)
-"""Every key the monitors log (the table above)."""
-PROGRESS_BAR = ("maxtp_samples_s", "maxtp_trials", "maxtp_tuning", "maxtp_mfu")
-"""Every key ``MaxThroughputCallback`` shows on the progress bar."""
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its key, where it goes and what its value is."""
+
+    key: str
+    where: Literal["logger", "progress bar"]
+    """``"logger"``: every attached Lightning logger, each window; ``"progress bar"``:
+    ``MaxThroughputCallback`` only, while it tunes (not logged)."""
+    text: str
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-safe view."""
+        return {"key": self.key, "where": self.where, "text": self.text}
+
+
+_KINDS = ", ".join(f"{i} {kind.value}" for i, kind in enumerate(BottleneckKind))
+
+METRICS: tuple[Metric, ...] = (
+    Metric("maxtp/samples_per_s", "logger", "training samples/s of the window on this rank "
+           "(under DDP one rank's share: the global rate is this times the world size)"),
+    Metric("maxtp/step_time_ms", "logger", "median step time of the window, milliseconds"),
+    Metric("maxtp/data_wait_share", "logger",
+           "share of step time spent waiting for the next batch (0..1)"),
+    Metric("maxtp/gpu_util_percent", "logger",
+           "mean NVML utilization of this rank's GPU (CUDA only)"),
+    Metric("maxtp/main_cpu_percent", "logger",
+           "mean CPU of the training process, percent of one core"),
+    Metric("maxtp/worker_cpu_percent", "logger",
+           "mean CPU of one DataLoader worker, percent of one core"),
+    Metric("maxtp/bottleneck_code", "logger",
+           f"the top diagnosis as its index in `BottleneckKind` ({_KINDS})"),
+    Metric("maxtp/bottleneck_confidence", "logger", "its confidence, 0..1"),
+    Metric("maxtp/straggler_rank", "logger",
+           "DDP only: the rank that waits longest for its own data"),
+    Metric("maxtp/mfu", "logger", "model FLOPs utilization: FLOP/s of the window over this "
+           "device's measured peak for the dtype in force (0..1; left out when the count "
+           "exceeds the peak: an error, not 104 %)"),
+    Metric("maxtp/gc_share", "logger", "share of step time in Python's garbage collector (0..1)"),
+    Metric("maxtp_samples_s", "progress bar",
+           "samples/s of the last measured window (stalls capped)"),
+    Metric("maxtp_trials", "progress bar", "knob trials so far"),
+    Metric("maxtp_tuning", "progress bar", "1 while tuning, 0 once the loop only monitors"),
+    Metric("maxtp_mfu", "progress bar", "MFU of the last measured window (0..1), when known"),
+)  # fmt: skip
+"""Every metric, in the order the tables list them."""
+
+LOGGED = tuple(m.key for m in METRICS if m.where == "logger")
+"""Every key the monitors log."""
+PROGRESS_BAR = tuple(m.key for m in METRICS if m.where == "progress bar")
+"""Every key ``MaxThroughputCallback`` shows on the progress bar, in the order it shows them."""
+
+
+def metrics_table() -> str:
+    """``METRICS`` as a markdown table (the documentation's metrics page)."""
+    rows = ["| key | where | value |", "|---|---|---|"]
+    rows += [f"| `{m.key}` | {m.where} | {m.text} |" for m in METRICS]
+    return "\n".join(rows)
+
 
 _KIND_CODE = {kind: float(i) for i, kind in enumerate(BottleneckKind)}
 

@@ -1,8 +1,9 @@
 """The knobs, one line each, and every set the loop derives from them.
 
 Adding a knob: its module (a ``BaseKnob`` subclass), one line in ``KNOBS`` and its name in
-``MathKnob``, a test, and its row in the README's knob table (``tests/knobs/test_registry.py``
-keeps the four in agreement). Pure: importing it imports neither torch nor lightning.
+``MathKnob``, a test, and its row in the knob table of ``docs/knobs.md``
+(``tests/knobs/test_registry.py`` keeps the four in agreement). Pure: importing it imports
+neither torch nor lightning.
 """
 
 from __future__ import annotations

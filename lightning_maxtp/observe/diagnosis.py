@@ -23,7 +23,7 @@ __all__ = ["BottleneckKind", "Diagnosis", "Recommendation", "diagnose", "needs_c
 
 
 class BottleneckKind(str, Enum):
-    """What limits the job (DESIGN "Bottleneck kinds")."""
+    """What limits the job (each kind, its evidence and its knobs: ``docs/bottlenecks.md``)."""
 
     DATA_PIPELINE = "data_pipeline"
     STORAGE = "storage"

@@ -3,8 +3,9 @@
 The loader's kinds (``data_pipeline``, ``storage``) and the main process's threads are in
 ``recommend_loader``.
 
-``auto_apply`` follows DESIGN's "Knobs": loader knobs and which GPUs are used are the same math;
-batch size, accumulation, precision and compile change the optimization and need an opt-in.
+``auto_apply`` follows the knob tiers (``docs/knobs.md``): loader knobs and which GPUs are
+used are the same math; batch size, accumulation, precision and compile change the
+optimization and need an opt-in.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def test_a_plain_pytorch_user_applies_the_plan_by_hand() -> None:
     scale = plan.lr_scales[0]
     plan.scale_learning_rates([opt])
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * scale)
-    # The warm-up the README names: LinearLR from the old rate to the scaled one.
+    # The warm-up the docs name: LinearLR from the old rate to the scaled one.
     warmup = torch.optim.lr_scheduler.LinearLR(
         opt, start_factor=1 / scale, total_iters=plan.lr_warmup_steps
     )

@@ -52,7 +52,8 @@ def test_doubles_bisects_to_the_exact_ceiling_then_times_the_safe_maximum() -> N
 
 
 def test_picks_the_throughput_knee_not_the_ceiling_on_the_measured_h200_curve() -> None:
-    # DESIGN.md's anchors (ResNet-50, bf16, H200): 256/512/2048 -> 4720/4938/5055 images/s, and
+    # The reference job's anchors (ResNet-50, bf16, H200): 256/512/2048 -> 4720/4938/5055
+    # images/s, and
     # BatchSizeFinder's binsearch pick of 3100 as the planted ceiling.
     rates = {256: 4720.0, 512: 4938.0, 1024: 5000.0, 2048: 5055.0, 2480: 5058.0, 3072: 5060.0}
     trial = FakeTrial(3100, rate=lambda b: rates.get(b, 18.0 * b))

@@ -1,4 +1,4 @@
-"""The knob registry agrees with everything that names knobs: the ``allow`` Literal, the README's
+"""The knob registry agrees with everything that names knobs: the ``allow`` Literal, the docs'
 knob table, the diagnosis's recommendations, and the sets the loop used to spell out by hand."""
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def test_the_derived_sets_are_the_ones_the_loop_always_used() -> None:
 
 
 def _readme_table() -> dict[str, str]:
-    """The README's knob table: name -> its "tried for" column."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """The documentation's knob table (docs/knobs.md): name -> its "tried for" column."""
+    lines = (ROOT / "docs" / "knobs.md").read_text().splitlines()
     start = lines.index("| knob | what changes, mid-fit | tried for |") + 2
     rows = {}
     for line in lines[start:]:
@@ -77,7 +77,7 @@ def _readme_table() -> dict[str, str]:
     return rows
 
 
-def test_the_readme_knob_table_has_a_row_per_knob_with_what_it_is_tried_for() -> None:
+def test_the_docs_knob_table_has_a_row_per_knob_with_what_it_is_tried_for() -> None:
     table = _readme_table()
     assert list(table) == list(registry.MATH_KNOBS)
     for knob in registry.KNOBS:
