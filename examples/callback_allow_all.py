@@ -9,8 +9,8 @@ under the numerics guard, which reverts a trial and restores the model and optim
 loss goes non-finite or rises out of the reference's band. ``--break-bf16`` plants a model
 whose loss turns NaN under autocast, to watch the guard undo it.
 
-On a 2-core CPU bf16 autocast usually pays (~1.2x), channels_last does not (~0.8x), and a
-short fit's tuning budget leaves compile out (it takes ~25 s to compile here).
+On a small CPU bf16 autocast usually pays (~1.2x), channels_last does not (~0.8x), and a
+short fit's tuning budget leaves compile out (compiling takes tens of seconds on few cores).
 
 Usage: ``python examples/callback_allow_all.py [--steps N] [--allow all|safe|NAMES]
 [--break-bf16]`` (``NAMES``: comma-separated, e.g. ``precision,channels_last``)
