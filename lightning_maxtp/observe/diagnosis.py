@@ -322,9 +322,8 @@ def _collections(w: Window) -> list[Diagnosis]:
         f"garbage collection takes {gc.share:.0%} of step time ({gc.count} collections, "
         f"{gc.gen2} full, longest {gc.longest_s * 1e3:.1f} ms){slow}"
     )
-    recs = tuple(rec.collections(w))  # host_overhead's own include it, on a GPU host
-    if w.context.device_type == "cuda":
-        recs = tuple(rec.host_overhead(w))
+    # On a GPU host the host_overhead recommendations (the gc knob first); on a CPU only the knob.
+    recs = tuple(rec.host_overhead(w) if w.context.device_type == "cuda" else rec.collections(w))
     return [Diagnosis(BottleneckKind.HOST_OVERHEAD, 0.5 + 0.47 * strength, summary, evidence, recs)]
 
 

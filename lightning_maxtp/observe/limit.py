@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_maxtp.observe.flops import Utilization, share_text, utilization
+from lightning_maxtp.observe.flops import Utilization, share_text
 from lightning_maxtp.observe.recommend_loader import loader_rates
 from lightning_maxtp.observe.window import Window, combined_rate
 
@@ -56,14 +56,6 @@ def _weighted(rates: list[tuple[int, float]]) -> float | None:
     return sum(n for n, r in rates if r > 0) / seconds if seconds > 0 else None
 
 
-def _utilization(windows: Sequence[Window], rate: float) -> Utilization | None:
-    ctx = windows[-1].context
-    if ctx.flops_per_sample is None:
-        return None
-    dtype = ctx.peak_dtype
-    return utilization(ctx.flops_per_sample, rate, dict(ctx.peaks).get(dtype, 0.0), dtype)
-
-
 def distance(windows: Sequence[Window], bottleneck: str) -> Limit | None:
     """The limit of the run the ``windows`` measured, named by its ``bottleneck`` kind.
 
@@ -72,7 +64,7 @@ def distance(windows: Sequence[Window], bottleneck: str) -> Limit | None:
     if not windows:
         return None
     rate = combined_rate(list(windows)) or 0.0
-    util = _utilization(windows, rate)
+    util = windows[-1].context.utilization_at(rate)
     if bottleneck in DATA_KINDS:
         pairs = [loader_rates(w) for w in windows]
         counts = [sum(w.samples) for w in windows]

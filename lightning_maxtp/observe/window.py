@@ -83,6 +83,18 @@ class JobContext:
         """The dtype whose peak the step's FLOP/s are divided by (precision and TF32 in force)."""
         return dtype_in_force(self.precision, tf32=bool(self.tf32) and self.device_type == "cuda")
 
+    def utilization_at(self, samples_per_s: float) -> Utilization | None:
+        """FLOP/s at ``samples_per_s`` against the measured peak of the dtype in force (MFU).
+
+        ``None`` without a FLOP count; with a count but no peak of that dtype, a
+        ``Utilization`` whose ``error`` says so.
+        """
+        if self.flops_per_sample is None:
+            return None
+        dtype = self.peak_dtype
+        peak = dict(self.peaks).get(dtype, 0.0)
+        return utilization(self.flops_per_sample, samples_per_s, peak, dtype)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
         data = asdict(self)
@@ -302,17 +314,8 @@ class Window:
 
     @property
     def utilization(self) -> Utilization | None:
-        """The window's FLOP/s against the measured peak of the dtype in force (MFU).
-
-        ``None`` without a FLOP count; with a count but no peak of that dtype, a
-        ``Utilization`` whose ``error`` says so.
-        """
-        ctx = self.context
-        if ctx.flops_per_sample is None:
-            return None
-        dtype = ctx.peak_dtype
-        peak = dict(ctx.peaks).get(dtype, 0.0)
-        return utilization(ctx.flops_per_sample, self.samples_per_s, peak, dtype)
+        """The window's MFU (``JobContext.utilization_at`` its rate)."""
+        return self.context.utilization_at(self.samples_per_s)
 
     @property
     def joules_per_sample(self) -> float | None:
