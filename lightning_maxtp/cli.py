@@ -11,10 +11,15 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_maxtp import __version__
 from lightning_maxtp._units import GIB
 from lightning_maxtp.bench.gate import GATES
+
+if TYPE_CHECKING:
+    from lightning_maxtp.pack import JobSpec, PackPlan
+    from lightning_maxtp.pack.ray_placement import RayPlan
 
 
 def _positive(what: str) -> Callable[[str], float]:
@@ -106,49 +111,86 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _cmd_pack(args: argparse.Namespace) -> int:
-    from lightning_maxtp.pack import JobSpec, load_jobs, plan_pack, run_jobs
+def _pack_jobs(args: argparse.Namespace) -> tuple[JobSpec, ...]:
+    from lightning_maxtp.pack import JobSpec, load_jobs
 
-    try:
-        if args.jobs is not None and args.commands:
-            raise ValueError(
-                "give the jobs either with --jobs FILE or after --, not both; "
-                "add the commands to the file"
-            )
-        if args.jobs is not None:
-            jobs = load_jobs(args.jobs)
-        elif args.commands:
-            jobs = tuple(
-                JobSpec(cmd, name=f"job{i}", where=f"command {i} after --")
-                for i, cmd in enumerate(args.commands, start=1)
-            )
-        else:
-            raise ValueError(
-                "no jobs given; pass --jobs FILE (one command per line, or JSON), or the "
-                "commands after --, e.g. maxtp pack -- 'python train.py --seed 1' "
-                "'python train.py --seed 2'"
-            )
-        plan = plan_pack(
-            jobs,
-            max_parallel=args.max_parallel,
-            default_gpu_memory_gib=args.gpu_memory_gib,
-            default_cpu_threads=args.cpu_threads,
-            headroom_bytes=int(args.headroom_gib * GIB),
+    if args.jobs is not None and args.commands:
+        raise ValueError(
+            "give the jobs either with --jobs FILE or after --, not both; "
+            "add the commands to the file"
         )
-    except ValueError as err:
+    if args.jobs is not None:
+        return load_jobs(args.jobs)
+    if args.commands:
+        return tuple(
+            JobSpec(cmd, name=f"job{i}", where=f"command {i} after --")
+            for i, cmd in enumerate(args.commands, start=1)
+        )
+    raise ValueError(
+        "no jobs given; pass --jobs FILE (one command per line, or JSON), or the "
+        "commands after --, e.g. maxtp pack -- 'python train.py --seed 1' "
+        "'python train.py --seed 2'"
+    )
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from lightning_maxtp.pack import plan_pack, run_jobs
+
+    ray = args.backend == "ray"
+    try:
+        if not ray and (args.address is not None or args.gpu_size_gib is not None):
+            flag = "--address" if args.address is not None else "--gpu-size-gib"
+            raise ValueError(f"{flag} is for a Ray cluster; add --backend ray")
+        jobs = _pack_jobs(args)
+        defaults = {
+            "max_parallel": args.max_parallel,
+            "default_gpu_memory_gib": args.gpu_memory_gib,
+            "default_cpu_threads": args.cpu_threads,
+        }
+        local: PackPlan | None = None
+        plan: PackPlan | RayPlan | None = None
+        if not ray:
+            plan = local = plan_pack(jobs, headroom_bytes=int(args.headroom_gib * GIB), **defaults)
+        elif args.dry_run:
+            from lightning_maxtp.pack.ray_runner import plan_ray_pack
+
+            plan = plan_ray_pack(
+                jobs,
+                address=args.address,
+                gpu_size_gib=args.gpu_size_gib,
+                default_gpu_memory_gib=args.gpu_memory_gib,
+                default_cpu_threads=args.cpu_threads,
+            )
+    except (ValueError, ImportError) as err:
         print(f"maxtp: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
+        assert plan is not None
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan)
         return 0
-    result = run_jobs(
-        plan,
-        log_dir=args.log_dir,
-        fail_fast=args.fail_fast,
-        retry_oom=args.retry_oom,
-        progress=None if args.quiet else sys.stderr,
-        status_line=args.status or (not args.quiet and sys.stderr.isatty()),
-    )
+    progress = {
+        "log_dir": args.log_dir,
+        "fail_fast": args.fail_fast,
+        "retry_oom": args.retry_oom,
+        "progress": None if args.quiet else sys.stderr,
+        "status_line": args.status or (not args.quiet and sys.stderr.isatty()),
+    }
+    try:
+        if ray:
+            result = run_jobs(
+                jobs,
+                backend="ray",
+                address=args.address,
+                gpu_size_gib=args.gpu_size_gib,
+                **defaults,
+                **progress,
+            )
+        else:
+            assert local is not None
+            result = run_jobs(local, **progress)
+    except (ValueError, ImportError) as err:
+        print(f"maxtp: error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)
     return result.exit_code
 
@@ -166,6 +208,26 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         '"memory_gib", "cwd", "env"}. Or: maxtp pack -- "python a.py" "python b.py"',
     )
     pack.add_argument("commands", nargs="*", help="job command lines (after --), one per job")
+    pack.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine (default); ray: a Ray task per job on a Ray cluster "
+        "(needs the [ray] extra)",
+    )
+    pack.add_argument(
+        "--address",
+        default=None,
+        help="with --backend ray: the cluster (auto, ray://head:10001; default: RAY_ADDRESS, "
+        "else a local Ray instance)",
+    )
+    pack.add_argument(
+        "--gpu-size-gib",
+        type=_positive_float,
+        default=None,
+        help="with --backend ray: memory of one GPU, for jobs that declare gpu_memory_gib "
+        "(default: read by NVML on the GPU nodes)",
+    )
     pack.add_argument("--jobs", default=None, help="jobs file (text, .json, .yaml)")
     pack.add_argument("--json", action="store_true", help="print the summary as JSON")
     pack.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
@@ -190,7 +252,10 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="threads of a job that declares none (default: a fair share of the CPUs)",
     )
     pack.add_argument(
-        "--headroom-gib", type=float, default=2.5, help="GPU memory kept free (default: 2.5)"
+        "--headroom-gib",
+        type=float,
+        default=2.5,
+        help="local backend: GPU memory kept free on each GPU (default: 2.5)",
     )
     pack.add_argument("--status", action="store_true", help="status line even when not a TTY")
     pack.add_argument("--quiet", action="store_true", help="no progress on stderr")

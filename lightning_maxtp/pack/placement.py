@@ -29,6 +29,14 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 """Read by torch (OpenMP, MKL) and NumPy's BLAS at start-up; torch has no variable of its own."""
 
 
+def job_env(threads: int, visible_gpus: str) -> dict[str, str]:
+    """The variables a job gets: its thread count, and the GPUs it may see.
+
+    An empty ``visible_gpus`` hides every GPU, so a CPU share cannot grab one by accident.
+    """
+    return {**dict.fromkeys(THREAD_VARIABLES, str(threads)), "CUDA_VISIBLE_DEVICES": visible_gpus}
+
+
 @dataclass(frozen=True)
 class GpuSlot:
     """A free GPU jobs may use."""
@@ -89,11 +97,7 @@ class Placement:
 
     def env(self) -> dict[str, str]:
         """Variables set for the job: its GPU and its thread count."""
-        threads = str(self.demand.threads)
-        env = dict.fromkeys(THREAD_VARIABLES, threads)
-        # An empty value hides every GPU, so a CPU share cannot grab one by accident.
-        env["CUDA_VISIBLE_DEVICES"] = self.gpu.visible_id if self.gpu is not None else ""
-        return env
+        return job_env(self.demand.threads, self.gpu.visible_id if self.gpu is not None else "")
 
 
 @dataclass(frozen=True)

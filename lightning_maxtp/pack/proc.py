@@ -27,6 +27,46 @@ _OOM_TAIL_BYTES = 256 * 1024
 
 
 @dataclass
+class Tree:
+    """A job's process group and every descendant seen in it, with their peak resident memory."""
+
+    pid: int
+    """The job's main process (its process group has the same id)."""
+    seen: dict[int, psutil.Process] = field(default_factory=dict)
+    peak_rss_bytes: int = 0
+
+    def sample(self) -> None:
+        """Add new descendants and update the peak RSS (the sum over the tree).
+
+        Shared pages (forked DataLoader workers) count once per process, so the sum is an upper
+        bound. ``wait4``'s ``ru_maxrss`` is no help: Linux carries the forking parent's peak
+        over ``exec``, so every job would report at least its launcher's size.
+        """
+        with contextlib.suppress(psutil.Error):
+            root = self.seen.get(self.pid) or psutil.Process(self.pid)
+            self.seen.setdefault(self.pid, root)
+            for proc in root.children(recursive=True):
+                self.seen.setdefault(proc.pid, proc)
+        total = 0
+        for pid, proc in list(self.seen.items()):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                self.seen.pop(pid, None)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process group and to every descendant seen outside it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        for proc in self.seen.values():
+            if proc.pid == self.pid:
+                continue
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+
+@dataclass
 class Child:
     """A running job's process and what was sampled from it (mutable, runner-internal)."""
 
@@ -35,8 +75,7 @@ class Child:
     log_file: IO[bytes]
     log_offset: int
     started: float
-    tree: dict[int, psutil.Process] = field(default_factory=dict)
-    peak_rss_bytes: int = 0
+    tree: Tree
     sampled: float = 0.0
     """``time.monotonic()`` of the last RSS sample."""
 
@@ -68,28 +107,12 @@ def start(job: JobSpec, env: dict[str, str], log_path: Path, header: str) -> Chi
     except OSError:
         log_file.close()
         raise
-    return Child(popen, log_path, log_file, offset, time.monotonic())
+    return Child(popen, log_path, log_file, offset, time.monotonic(), Tree(popen.pid))
 
 
 def sample(child: Child) -> None:
-    """Add new descendants to the tree and update the peak RSS (the sum over the tree).
-
-    Shared pages (forked DataLoader workers) count once per process, so the sum is an upper
-    bound. ``wait4``'s ``ru_maxrss`` is no help: Linux carries the forking parent's peak over
-    ``exec``, so every job would report at least this process's size.
-    """
-    with contextlib.suppress(psutil.Error):
-        root = child.tree.get(child.pid) or psutil.Process(child.pid)
-        child.tree.setdefault(child.pid, root)
-        for proc in root.children(recursive=True):
-            child.tree.setdefault(proc.pid, proc)
-    total = 0
-    for pid, proc in list(child.tree.items()):
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            child.tree.pop(pid, None)
-    child.peak_rss_bytes = max(child.peak_rss_bytes, total)
+    """Add new descendants to the job's tree and update its peak RSS."""
+    child.tree.sample()
 
 
 def reap(child: Child) -> int | None:
@@ -102,19 +125,19 @@ def reap(child: Child) -> int | None:
         return None
     code = os.waitstatus_to_exitcode(status)
     child.popen.returncode = code  # we reaped it; keep Popen from waiting again
-    _stop_group(child, signal.SIGKILL)  # leftovers of a finished job are orphans: end them
+    child.tree.signal(signal.SIGKILL)  # leftovers of a finished job are orphans: end them
     child.log_file.close()
     return code
 
 
 def kill(child: Child, grace_s: float = 5.0) -> None:
     """Stop the job's whole process group and every descendant seen: SIGTERM, then SIGKILL."""
-    sample(child)
-    _stop_group(child, signal.SIGTERM)
+    child.tree.sample()
+    child.tree.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and reap(child) is None:
         time.sleep(0.05)
-    _stop_group(child, signal.SIGKILL)
+    child.tree.signal(signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         if child.popen.returncode is None:
             _, status = os.waitpid(child.pid, 0)
@@ -123,23 +146,31 @@ def kill(child: Child, grace_s: float = 5.0) -> None:
         child.log_file.close()
 
 
-def _stop_group(child: Child, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, sig)
-    for proc in child.tree.values():
-        if proc.pid == child.pid:
-            continue
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(sig)
-
-
-def log_shows_oom(child: Child) -> bool:
-    """Whether the job's own output (after our header) mentions a GPU out-of-memory error."""
+def log_shows_oom(log_path: Path, offset: int = 0) -> bool:
+    """Whether a job's own output (its log after our header's ``offset`` bytes) shows an OOM."""
     try:
-        with open(child.log_path, "rb") as f:
+        with open(log_path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(child.log_offset, size - _OOM_TAIL_BYTES))
+            f.seek(max(offset, size - _OOM_TAIL_BYTES))
             tail = f.read()
     except OSError:
         return False
     return any(marker in tail for marker in OOM_MARKERS)
+
+
+KILLING_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
+"""What the kernel's OOM killer, a preemption or an operator sends: a job ended by one of them
+(not by us) may succeed when rerun, unlike one that exits with an error code."""
+
+
+def killed_by(code: int | None, *, shell: bool) -> str | None:
+    """The signal's name when exit code ``code`` means a killing signal ended the job, else None.
+
+    A shell that ran the job without ``exec`` reports its child's death as ``128 + N``.
+    """
+    if code is None:
+        return None
+    for sig in KILLING_SIGNALS:
+        if code == -sig or (shell and code == 128 + sig):
+            return sig.name
+    return None

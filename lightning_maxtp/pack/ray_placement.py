@@ -3,6 +3,7 @@
 Pure: plain data in (each node's resources as ``ray.nodes()`` reports them under
 ``"Resources"``, the same keys as ``ray.cluster_resources()``), plain data out. ``cluster_nodes``
 reads that data; ``ray_demands`` turns each job spec into the resources its Ray task asks for;
+``plan_ray`` fills in the defaults and gives the whole ``RayPlan``;
 a job that no node could ever hold is refused before anything starts, with what it asked for
 and the largest node. Ray's scheduler then places the tasks; this module only decides what each
 asks for, the way the local planner does:
@@ -17,15 +18,17 @@ asks for, the way the local planner does:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lightning_maxtp._units import GIB, format_bytes
+from lightning_maxtp.pack.results import text_table
 from lightning_maxtp.pack.spec import JobSpec
 
-__all__ = ["RayDemand", "RayNode", "cluster_nodes", "ray_demands"]
+__all__ = ["RayDemand", "RayNode", "RayPlan", "cluster_nodes", "plan_ray", "ray_demands"]
 
 
 @dataclass(frozen=True)
@@ -181,3 +184,100 @@ def _must_fit(job: JobSpec, demand: RayDemand, nodes: Sequence[RayNode]) -> None
         f"{where} asks for {asked}, more than any node of the Ray cluster offers (the largest: "
         f"{offers}); lower its cpu_threads or memory_gib, or add a larger node"
     )
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """What each job's Ray task asks for on this cluster (``maxtp pack --backend ray --dry-run``).
+
+    Ray's scheduler decides where and when each task starts; this is what it is given.
+    """
+
+    jobs: tuple[JobSpec, ...]
+    """The jobs with the defaults filled in (``default_cpu_threads``...)."""
+    nodes: tuple[RayNode, ...]
+    demands: tuple[RayDemand, ...]
+    gpu_bytes: int | None
+    """Memory of one GPU used for fractional shares; ``None``: not known (whole GPUs)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {
+            "backend": "ray",
+            "nodes": [n.to_dict() for n in self.nodes],
+            "gpu_bytes": self.gpu_bytes,
+            "jobs": [
+                {**d.to_dict(), "threads": d.threads, "command": j.command_text}
+                for j, d in zip(self.jobs, self.demands, strict=True)
+            ],
+        }
+
+    def __str__(self) -> str:
+        """The cluster's nodes, then each job's task resources."""
+        cpus = sum(n.cpus for n in self.nodes)
+        gpus = sum(n.gpus for n in self.nodes)
+        lines = [
+            f"pack plan: {len(self.jobs)} jobs as Ray tasks on {len(self.nodes)} node(s), "
+            f"{cpus:g} CPUs, {gpus:g} GPUs"
+        ]
+        if self.gpu_bytes is not None:
+            lines.append(f"GPU size for shares: {format_bytes(self.gpu_bytes)}")
+        rows = [
+            [
+                d.name,
+                f"{d.num_gpus:g}",
+                f"{d.num_cpus:g}",
+                str(d.threads),
+                format_bytes(d.memory_bytes, unit="GiB", missing="-", suffix=False),
+                j.command_text[:60],
+            ]
+            for j, d in zip(self.jobs, self.demands, strict=True)
+        ]
+        header = ["job", "num_gpus", "num_cpus", "threads", "memory GiB", "command"]
+        return "\n".join([*lines, *text_table(header, rows)])
+
+
+def plan_ray(
+    jobs: Sequence[JobSpec],
+    nodes: Sequence[RayNode],
+    *,
+    gpu_bytes: int | None = None,
+    default_gpu_memory_gib: float | None = None,
+    default_cpu_threads: int | None = None,
+) -> RayPlan:
+    """Each job's task resources on ``nodes``, the defaults filled in; starts nothing.
+
+    Args:
+        jobs: The jobs, in order.
+        nodes: The cluster's alive nodes (``cluster_nodes``).
+        gpu_bytes: Memory of one GPU (see ``ray_demands``).
+        default_gpu_memory_gib: GPU memory of a job that declares none (default: a whole GPU).
+        default_cpu_threads: Threads of a job that declares none (default: a fair share).
+
+    Raises:
+        ValueError: No jobs, names used twice, a default out of range, or a job no node can
+            hold (``ray_demands``).
+    """
+    jobs = tuple(jobs)
+    if not jobs:
+        raise ValueError("`jobs` is empty; pass at least one JobSpec")
+    names = [j.name for j in jobs if j.name]
+    if len(set(names)) != len(names):
+        raise ValueError(f"job names must be unique (they name the logs), got {names!r}")
+    if default_gpu_memory_gib is not None and default_gpu_memory_gib <= 0:
+        raise ValueError(
+            f"`default_gpu_memory_gib` must be > 0, got {default_gpu_memory_gib!r}; "
+            "or None for a whole GPU per job"
+        )
+    if default_cpu_threads is not None and default_cpu_threads < 1:
+        raise ValueError(f"`default_cpu_threads` must be >= 1, got {default_cpu_threads!r}")
+    filled = tuple(
+        dataclasses.replace(
+            job,
+            gpu_memory_gib=job.gpu_memory_gib or default_gpu_memory_gib,
+            cpu_threads=job.cpu_threads or default_cpu_threads,
+        )
+        for job in jobs
+    )
+    demands = ray_demands(filled, nodes, gpu_bytes=gpu_bytes)
+    return RayPlan(filled, tuple(nodes), demands, gpu_bytes)

@@ -1,33 +1,32 @@
 """``run_jobs``: run every job of ``maxtp pack``, starting jobs as capacity frees up.
 
 Each job writes its output to its own log; a failed job does not stop the others unless
-``fail_fast``; Ctrl-C or SIGTERM stops every job's process group before returning.
+``fail_fast``; a killed job is rerun up to its ``retries``; Ctrl-C or SIGTERM stops every job's
+process group before returning. ``backend="ray"`` hands the same jobs to ``ray_runner``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
-import os
-import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from lightning_maxtp._log import prefixed
 from lightning_maxtp.pack import proc
 from lightning_maxtp.pack.placement import Demand, Placement, Step, assign
 from lightning_maxtp.pack.plan import PackPlan, plan_pack
+from lightning_maxtp.pack.progress import Progress, attempt_log_path, default_log_dir, log_header
 from lightning_maxtp.pack.results import JobResult, PackResult, gib_column
 from lightning_maxtp.pack.spec import JobSpec
 
-__all__ = ["default_log_dir", "run_jobs"]
+__all__ = ["BACKENDS", "run_jobs", "status_text"]
 
-log = logging.getLogger(__name__)
+BACKENDS = ("local", "ray")
 _SAMPLE_INTERVAL_S = 0.5
 """Seconds between RSS samples of a job's tree (a psutil tree walk scans every process)."""
 
@@ -35,6 +34,8 @@ _SAMPLE_INTERVAL_S = 0.5
 def run_jobs(
     jobs: Sequence[JobSpec] | PackPlan,
     *,
+    backend: str = "local",
+    address: str | None = None,
     log_dir: str | Path | None = None,
     fail_fast: bool = False,
     retry_oom: bool = False,
@@ -43,22 +44,57 @@ def run_jobs(
     poll_interval_s: float = 0.1,
     **plan_kwargs: Any,
 ) -> PackResult:
-    """Run every job, as many at once as the machine holds; return when all have ended.
+    """Run every job, as many at once as the machine (or Ray cluster) holds; return when all end.
 
     Args:
-        jobs: The jobs (or a plan from ``plan_pack``).
+        jobs: The jobs (or, for the local backend, a plan from ``plan_pack``).
+        backend: ``"local"``: this machine's free GPUs or CPU shares. ``"ray"``: a Ray task per
+            job on a Ray cluster (needs the ``[ray]`` extra; see ``ray_runner.run_ray_jobs``).
+        address: The Ray cluster (``"auto"``, ``"ray://head:10001"``); ``None``: the one
+            ``RAY_ADDRESS`` names, else a local Ray instance. Only with ``backend="ray"``.
         log_dir: Folder for the logs, one per job (default: ``maxtp-pack-logs/<time>``).
         fail_fast: Stop every job at the first failure.
-        retry_oom: Run a job that failed with a GPU out-of-memory error once more, alone.
+        retry_oom: Run a job that failed with a GPU out-of-memory error once more, with its GPU
+            to itself.
         progress: Stream for one line per job start and end (e.g. ``sys.stderr``).
         status_line: Also write a live status line (running/queued/done, per-GPU use).
         poll_interval_s: Seconds between checks of the running jobs.
-        **plan_kwargs: Passed to ``plan_pack``.
+        **plan_kwargs: Passed to ``plan_pack`` (local) or ``run_ray_jobs`` (Ray).
 
     Returns:
         Every job's result. After SIGINT or SIGTERM the jobs are stopped and the result says so
         (``interrupted``) instead of the signal propagating.
+
+    Raises:
+        ValueError: For an unknown ``backend``, or ``address`` without ``backend="ray"``.
+        ImportError: For ``backend="ray"`` without Ray installed.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+    if backend == "ray":
+        from lightning_maxtp.pack.ray_runner import run_ray_jobs
+
+        if isinstance(jobs, PackPlan):
+            raise ValueError(
+                "`jobs` is a PackPlan (this machine's placement); with backend='ray' pass the "
+                "JobSpecs themselves (plan.jobs)"
+            )
+        return run_ray_jobs(
+            jobs,
+            address=address,
+            log_dir=log_dir,
+            fail_fast=fail_fast,
+            retry_oom=retry_oom,
+            progress=progress,
+            status_line=status_line,
+            poll_interval_s=poll_interval_s,
+            **plan_kwargs,
+        )
+    if address is not None:
+        raise ValueError(
+            f"`address` ({address!r}) names a Ray cluster; pass backend='ray' with it "
+            "(maxtp pack --backend ray --address ...)"
+        )
     plan = jobs if isinstance(jobs, PackPlan) else plan_pack(jobs, **plan_kwargs)
     folder = Path(log_dir) if log_dir is not None else default_log_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -67,15 +103,14 @@ def run_jobs(
         folder,
         fail_fast=fail_fast,
         retry_oom=retry_oom,
-        progress=progress,
-        status_line=status_line,
+        progress=Progress(progress, status_line=status_line),
     )
-    with _signals_stop(run):
+    with signals_stop(run.signals):
         run.loop(poll_interval_s)
     return run.result()
 
 
-class _Stop(BaseException):
+class Stop(BaseException):
     """Raised by our signal handler in the main thread."""
 
     def __init__(self, signum: int) -> None:
@@ -83,38 +118,71 @@ class _Stop(BaseException):
         self.signum = signum
 
 
+class Interruptible(Protocol):
+    """A run a signal can stop: the handler records the signal's name here first."""
+
+    interrupted: str | None
+
+
+class Signals:
+    """SIGINT and SIGTERM while a run goes on: recorded on the run, raised as ``Stop`` or not.
+
+    ``deferred()`` holds the ``Stop`` back until the block ends, in software: blocking the
+    signals with ``pthread_sigmask`` instead would pass the blocked mask on to every job started
+    inside the block, and a job that never sees SIGTERM cannot save its work when preempted.
+    """
+
+    def __init__(self, run: Interruptible, *, raise_stop: bool = True) -> None:
+        """Handle signals for ``run``.
+
+        Args:
+            run: Where the first signal's name is recorded (``run.interrupted``).
+            raise_stop: Raise ``Stop`` (else only record it, for a loop that checks the run:
+                Ray runs Python's signal handlers inside its own calls and turns what they
+                raise into a ``SystemError``).
+        """
+        self.run, self.raise_stop = run, raise_stop
+        self._depth = 0
+        self._held: int | None = None
+
+    def handler(self, signum: int, frame: object) -> None:
+        """The signal handler: record the first signal, then raise now or when allowed."""
+        if self.run.interrupted is not None:  # a second Ctrl-C must not break the cleanup
+            return
+        self.run.interrupted = signal.Signals(signum).name
+        if not self.raise_stop:
+            return
+        if self._depth:
+            self._held = signum
+            return
+        raise Stop(signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Inside, a signal's ``Stop`` waits for the block's end (what it records stays whole)."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if not self._depth and self._held is not None:
+            signum, self._held = self._held, None
+            raise Stop(signum)
+
+
 @contextlib.contextmanager
-def _signals_stop(run: _Run) -> Iterator[None]:
+def signals_stop(signals: Signals) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM go to ``signals.handler`` (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: object) -> None:
-        if run.interrupted is None:  # a second Ctrl-C must not break the cleanup
-            run.interrupted = signal.Signals(signum).name
-            raise _Stop(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, signals.handler) for sig in stops}
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    stops = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-
-
-def default_log_dir() -> Path:
-    """``maxtp-pack-logs/<date-time>-<pid>`` under the current directory."""
-    return Path("maxtp-pack-logs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 class _Run:
@@ -127,37 +195,37 @@ class _Run:
         *,
         fail_fast: bool,
         retry_oom: bool,
-        progress: IO[str] | None,
-        status_line: bool,
+        progress: Progress,
     ) -> None:
         self.plan, self.folder = plan, folder
         self.fail_fast, self.retry_oom = fail_fast, retry_oom
-        self.progress, self.status_line = progress, status_line
+        self.progress = progress
         self.pending: list[Demand] = list(plan.demands)
         self.running: dict[int, tuple[Placement, proc.Child]] = {}
         self.results: dict[int, JobResult] = {}
         self.attempts: dict[int, int] = {}
+        self.earlier: dict[int, list[str]] = {}
         self.interrupted: str | None = None
+        self.signals = Signals(self)
         self.started = time.monotonic()
-        self._last_status = ""
+        self.node = socket.gethostname()
 
     def loop(self, poll_interval_s: float) -> None:
         try:
             while self.pending or self.running:
                 self._reap()
                 if self.fail_fast and any(r.failed for r in self.results.values()):
-                    self._event("a job failed and fail_fast is set: stopping the others")
+                    self.progress.event("a job failed and fail_fast is set: stopping the others")
                     break
                 self._start(assign(self.pending, self.plan.capacity, self._placed()))
                 self._status()
                 time.sleep(poll_interval_s)
-        except (_Stop, KeyboardInterrupt):
+        except (Stop, KeyboardInterrupt):
             self.interrupted = self.interrupted or "SIGINT"
-            self._event(f"{self.interrupted}: stopping every job")
+            self.progress.event(f"{self.interrupted}: stopping every job")
         finally:
             self._stop_all()
-            if self.status_line and self.progress is not None and self.progress.isatty():
-                self.progress.write("\n")
+            self.progress.close()
 
     def _placed(self) -> list[Placement]:
         return [placement for placement, _ in self.running.values()]
@@ -169,14 +237,15 @@ class _Run:
             self.pending.remove(demand)
             attempt = self.attempts[demand.job] = self.attempts.get(demand.job, 0) + 1
             env = placement.env()
-            suffix = "" if attempt == 1 else f".retry{attempt - 1}"
-            path = self.folder / f"{demand.job + 1:02d}-{_safe(demand.name)}{suffix}.log"
-            header = (
-                f"# maxtp pack: {demand.name} (attempt {attempt})\n# command: {job.command_text}"
-                f"\n# env: {' '.join(f'{k}={v}' for k, v in env.items())}\n"
+            path = attempt_log_path(self.folder, demand.job, demand.name, attempt)
+            header = log_header(
+                demand.name,
+                attempt,
+                job.command_text,
+                env=" ".join(f"{k}={v}" for k, v in env.items()),
             )
             try:
-                with _signals_deferred():  # a child started but not recorded would be orphaned
+                with self.signals.deferred():  # a child started but not recorded would be orphaned
                     child = proc.start(job, env, path, header)
                     self.running[demand.job] = (placement, child)
             except OSError as err:
@@ -186,33 +255,60 @@ class _Run:
                 )
                 continue
             where = f"GPU {placement.gpu.index}" if placement.gpu else "CPU"
-            self._event(f"start {demand.name} on {where} ({demand.threads} threads) -> {path}")
+            self.progress.event(
+                f"start {demand.name} on {where} ({demand.threads} threads) -> {path}"
+            )
 
     def _reap(self) -> None:
-        """Collect ended jobs: record them, or queue an OOM retry."""
+        """Collect ended jobs: record them, or queue a retry (killed, or OOM when asked)."""
         now = time.monotonic()
         for job, (placement, child) in list(self.running.items()):
             if now - child.sampled >= _SAMPLE_INTERVAL_S:
                 proc.sample(child)
                 child.sampled = now
-            with _signals_deferred():  # a reaped job must reach the results
+            with self.signals.deferred():  # a reaped job must reach the results
                 code = proc.reap(child)
                 if code is None:
                     continue
                 del self.running[job]
-                oom = code != 0 and proc.log_shows_oom(child)
-                if oom and self.retry_oom and self.attempts[job] == 1:
-                    self.pending.insert(0, dataclasses.replace(placement.demand, alone=True))
-                    self._event(f"{placement.demand.name} ran out of GPU memory: retrying alone")
+                wall = now - child.started
+                if self._retried(placement.demand, code, child, wall):
                     continue
+                oom = code != 0 and proc.log_shows_oom(child.log_path, child.log_offset)
                 self._finish(
                     placement=placement,
                     child=child,
                     code=code,
                     status="ok" if code == 0 else "oom" if oom else "failed",
                     path=child.log_path,
-                    wall=now - child.started,
+                    wall=wall,
                 )
+
+    def _retried(self, demand: Demand, code: int, child: proc.Child, wall: float) -> bool:
+        """Queue the job again if it was killed (retries left) or ran out of GPU memory.
+
+        An OOM is rerun once, alone, with ``retry_oom``. Says so and keeps how this attempt ended.
+        """
+        spec = self.plan.jobs[demand.job]
+        attempt = self.attempts[demand.job]
+        killed = proc.killed_by(code, shell=spec.shell)
+        if killed is not None and attempt <= spec.retries:
+            how = f"killed by {killed} after {wall:.1f} s"
+            again = demand
+        elif (
+            code != 0
+            and self.retry_oom
+            and attempt == 1
+            and proc.log_shows_oom(child.log_path, child.log_offset)
+        ):
+            how = f"out of GPU memory after {wall:.1f} s"
+            again = dataclasses.replace(demand, alone=True)
+        else:
+            return False
+        self.earlier.setdefault(demand.job, []).append(how)
+        self.pending.insert(0, again)
+        self.progress.event(f"{demand.name} {how}: running it again ({child.log_path} kept)")
+        return True
 
     def _finish(
         self,
@@ -233,11 +329,13 @@ class _Run:
             wall_s=round(wall, 3),
             gpu=placement.gpu.index if placement.gpu else None,
             threads=demand.threads,
-            peak_rss_bytes=(child.peak_rss_bytes or None) if child is not None else None,
+            peak_rss_bytes=(child.tree.peak_rss_bytes or None) if child is not None else None,
             log_path=str(path),
             attempts=self.attempts.get(demand.job, 1),
+            node=self.node,
+            earlier=tuple(self.earlier.get(demand.job, ())),
         )
-        self._event(f"{status:<6} {demand.name}: exit {code} after {wall:.1f} s")
+        self.progress.event(f"{status:<6} {demand.name}: exit {code} after {wall:.1f} s")
 
     def _stop_all(self) -> None:
         for placement, child in list(self.running.values()):
@@ -253,47 +351,20 @@ class _Run:
             )
         self.running.clear()
 
-    def _event(self, text: str) -> None:
-        log.info(prefixed("pack: %s"), text)
-        if self.progress is not None:
-            clear = "\r\x1b[K" if self.status_line and self.progress.isatty() else ""
-            self.progress.write(f"{clear}[maxtp pack] {text}\n")
-            self.progress.flush()
-
     def _status(self) -> None:
-        if not (self.status_line and self.progress is not None):
-            return
-        text = status_text(
-            self.plan,
-            self._placed(),
-            len(self.pending),
-            self.results.values(),
-            time.monotonic() - self.started,
+        self.progress.status(
+            status_text(
+                self.plan,
+                self._placed(),
+                len(self.pending),
+                self.results.values(),
+                time.monotonic() - self.started,
+            )
         )
-        if self.progress.isatty():
-            self.progress.write(f"\r\x1b[K{text}")
-        else:
-            counts = text.split("]", 1)[1]  # a new line only when the counts change
-            if counts != self._last_status:
-                self.progress.write(f"{text}\n")
-            self._last_status = counts
-        self.progress.flush()
 
     def result(self) -> PackResult:
         results = [
-            self.results.get(d.job)
-            or JobResult(
-                d.name,
-                self.plan.jobs[d.job].command_text,
-                status="not_run",
-                exit_code=None,
-                wall_s=None,
-                gpu=None,
-                threads=None,
-                peak_rss_bytes=None,
-                log_path=None,
-                attempts=0,
-            )
+            self.results.get(d.job) or not_run(d.name, self.plan.jobs[d.job])
             for d in self.plan.demands
         ]
         return PackResult(
@@ -304,8 +375,30 @@ class _Run:
         )
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] or "job"
+def not_run(name: str, job: JobSpec) -> JobResult:
+    """The result of a job that never started (stopped before its turn)."""
+    return JobResult(
+        name,
+        job.command_text,
+        status="not_run",
+        exit_code=None,
+        wall_s=None,
+        gpu=None,
+        threads=None,
+        peak_rss_bytes=None,
+        log_path=None,
+        attempts=0,
+    )
+
+
+def counts_text(running: int, queued: int, done: Iterable[JobResult], elapsed_s: float) -> str:
+    """``[maxtp pack 12s] 2 running, 1 queued, 3 done (0 failed)``: the status line's head."""
+    finished = list(done)
+    failed = sum(j.failed for j in finished)
+    return (
+        f"[maxtp pack {elapsed_s:.0f}s] {running} running, {queued} queued, "
+        f"{len(finished)} done ({failed} failed)"
+    )
 
 
 def status_text(
@@ -316,12 +409,7 @@ def status_text(
     elapsed_s: float,
 ) -> str:
     """One line: running/queued/done counts and each GPU's jobs and declared memory."""
-    finished = list(done)
-    failed = sum(j.failed for j in finished)
-    text = (
-        f"[maxtp pack {elapsed_s:.0f}s] {len(running)} running, {queued} queued, "
-        f"{len(finished)} done ({failed} failed)"
-    )
+    text = counts_text(len(running), queued, done, elapsed_s)
     cap = plan.capacity
     if not cap.gpus:
         used = sum(p.demand.threads for p in running)

@@ -6,7 +6,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-JOB_FIELDS = ("command", "name", "gpu_memory_gib", "cpu_threads", "memory_gib", "cwd", "env")
+JOB_FIELDS = (
+    "command",
+    "name",
+    "gpu_memory_gib",
+    "cpu_threads",
+    "memory_gib",
+    "cwd",
+    "env",
+    "retries",
+)
 """Fields a job may set, in a jobs file or as ``JobSpec`` arguments."""
 
 
@@ -32,6 +41,10 @@ class JobSpec:
     """Working directory (default: the caller's)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables; they win over the ones pack sets."""
+    retries: int = 0
+    """Reruns of a job whose process was killed (SIGKILL or SIGTERM it did not send itself: the
+    kernel's OOM killer, a preemption) or whose Ray node was lost. A job that exits with an
+    error code is not rerun: it would fail again."""
     where: str = ""
     """Where the job was declared (``"jobs.json job 3"``), used in error messages."""
 
@@ -69,6 +82,12 @@ class JobSpec:
                 f"{where}: `cpu_threads` must be an integer >= 1, got {threads!r}; "
                 "leave it out for a fair share of the CPUs"
             )
+        retries = self.retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(
+                f"{where}: `retries` must be an integer >= 0, got {retries!r}; e.g. retries=1 "
+                "to rerun the job once if its process is killed or its node is lost"
+            )
         if not isinstance(self.env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):
@@ -102,6 +121,7 @@ class JobSpec:
             "memory_gib": self.memory_gib,
             "cwd": self.cwd,
             "env": dict(self.env),
+            "retries": self.retries,
         }
 
     def __str__(self) -> str:

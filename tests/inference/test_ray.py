@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
@@ -26,6 +25,7 @@ from lightning_maxtp.inference import BatchInferencePool, InferenceError, ItemEr
 from lightning_maxtp.inference.ray_backend import NEEDS_RAY, RayBackend
 from lightning_maxtp.inference.ray_plan import RayDataPredictor, plan_ray_actors
 from tests.helpers.inference_models import POISON_LOAD, load_vector, make_model, reference
+from tests.helpers.ray_local import local_ray
 from tests.helpers.ray_models import broken_model
 
 ray = pytest.importorskip("ray")
@@ -44,37 +44,14 @@ def config(factory: Any = make_model, **overrides: Any) -> dict[str, Any]:
     return {**base, **overrides}
 
 
-def _ray_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-
-
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
-    # ray.init sets variables of its own (RAY_AUTH_MODE): all are put back after the module.
-    saved = dict(os.environ)
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report sent anywhere
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False,
-        # Idle workers exit at once: each test must leave no child process behind. Ray starts
-        # its workers at nice 15; beside other tests at nice 0 (the parallel pass) they starved:
-        # this module took 276 s there against 44 s alone, and with two busy loops beside it the
-        # shared actors were not ready in 60 s. At nice 0 they take their share.
-        _system_config={"num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 100,
-                        "worker_niceness": 0},
-    )  # fmt: skip
-    with warnings.catch_warnings():  # Ray Data's context warns about its own old fields
-        warnings.simplefilter("ignore", DeprecationWarning)
-        context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = context.print_on_execution_start = False
-    try:
+    with local_ray(num_cpus=2):
+        with warnings.catch_warnings():  # Ray Data's context warns about its own old fields
+            warnings.simplefilter("ignore", DeprecationWarning)
+            context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = context.print_on_execution_start = False
         yield
-    finally:
-        ray.shutdown()
-        os.environ.clear()
-        os.environ.update(saved)
-        _, alive = psutil.wait_procs(_ray_processes(), timeout=10)
-        for process in alive:
-            process.kill()
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,13 @@ def test_json_jobs_with_every_field(tmp_path: Path) -> None:
     path = tmp_path / "jobs.json"
     path.write_text(
         '{"jobs": ["echo a", {"command": ["python", "-V"], "name": "ver", "gpu_memory_gib": 12,'
-        ' "cpu_threads": 2, "memory_gib": 3.5, "cwd": "/tmp", "env": {"SEED": "7"}}]}'
+        ' "cpu_threads": 2, "memory_gib": 3.5, "cwd": "/tmp", "env": {"SEED": "7"},'
+        ' "retries": 2}]}'
     )
     a, ver = load_jobs(path)
-    assert (a.name, a.command, a.gpu_memory_gib) == ("job1", "echo a", None)
+    assert (a.name, a.command, a.gpu_memory_gib, a.retries) == ("job1", "echo a", None, 0)
     assert ver == JobSpec(("python", "-V"), name="ver", gpu_memory_gib=12, cpu_threads=2,
-                          memory_gib=3.5, cwd="/tmp", env={"SEED": "7"},
+                          memory_gib=3.5, cwd="/tmp", env={"SEED": "7"}, retries=2,
                           where=f"{path} job 2 (ver)")  # fmt: skip
     assert not ver.shell and ver.command_text == "python -V"
 
@@ -55,6 +56,9 @@ def test_json_sniffed_without_extension(tmp_path: Path) -> None:
          r"src job 1 \(job1\): `gpu_memory_gib` must be a number of GiB > 0, got -2"),
         ('[{"command": "x", "cpu_threads": 1.5}]', "json", r"`cpu_threads` must be an integer"),
         ('[{"command": "x", "env": {"SEED": 1}}]', "json", r"`env` must map names to strings"),
+        ('[{"command": "x", "retries": -1}]', "json",
+         r"`retries` must be an integer >= 0, got -1; e.g. retries=1"),
+        ('[{"command": "x", "retries": true}]', "json", r"`retries` must be an integer >= 0"),
         ('[{"command": ""}]', "json", r"`command` is empty"),
         ('[{"command": "a", "name": "x"}, {"command": "b", "name": "x"}]', "json",
          r"job names must be unique .* got 'x' more than once"),

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from lightning_maxtp._units import GIB
-from lightning_maxtp.pack.ray_placement import cluster_nodes, ray_demands
+from lightning_maxtp.pack.ray_placement import cluster_nodes, plan_ray, ray_demands
 from lightning_maxtp.pack.spec import JobSpec
 
 
@@ -65,3 +65,33 @@ def test_a_job_that_fits_nowhere_is_refused_before_anything_starts() -> None:
 def test_a_cluster_without_an_alive_node_names_the_fix() -> None:
     with pytest.raises(ValueError, match=r"no alive node with a CPU .*ray start --head"):
         cluster_nodes([_node("gone", 8, alive=False)])
+
+
+def test_the_plan_fills_in_the_defaults_and_shows_each_task() -> None:
+    nodes = cluster_nodes(EIGHT_GPUS_ON_TWO_NODES)
+    jobs = [JobSpec("python a.py", name="a"), JobSpec("python b.py", name="b", cpu_threads=1)]
+    plan = plan_ray(jobs, nodes, gpu_bytes=80 * GIB, default_gpu_memory_gib=40,
+                    default_cpu_threads=4)  # fmt: skip
+    assert [j.cpu_threads for j in plan.jobs] == [4, 1]  # a job's own value wins
+    assert [d.options() for d in plan.demands] == [{"num_cpus": 4.0, "num_gpus": 0.5},
+                                                   {"num_cpus": 1.0, "num_gpus": 0.5}]  # fmt: skip
+    text = str(plan).splitlines()
+    assert text[0] == "pack plan: 2 jobs as Ray tasks on 2 node(s), 64 CPUs, 8 GPUs"
+    assert text[2].split()[:4] == ["job", "num_gpus", "num_cpus", "threads"]
+    assert plan.to_dict()["jobs"][0] == {"job": 0, "name": "a", "num_gpus": 0.5, "num_cpus": 4.0,
+                                         "memory_bytes": None, "threads": 4,
+                                         "command": "python a.py"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("jobs", "kwargs", "match"),
+    [
+        ([], {}, r"`jobs` is empty"),
+        ([JobSpec("x", name="a"), JobSpec("y", name="a")], {}, r"job names must be unique"),
+        ([JobSpec("x")], {"default_cpu_threads": 0}, r"`default_cpu_threads` must be >= 1"),
+        ([JobSpec("x")], {"default_gpu_memory_gib": -1}, r"`default_gpu_memory_gib` must be > 0"),
+    ],
+)
+def test_the_plan_refuses_bad_input(jobs: list[JobSpec], kwargs: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan_ray(jobs, cluster_nodes(EIGHT_GPUS_ON_TWO_NODES), **kwargs)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from lightning_maxtp.pack import JobSpec, plan_pack, run_jobs
+from lightning_maxtp.pack.proc import killed_by
 from lightning_maxtp.resources import CpuInfo
 from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 
@@ -120,6 +122,52 @@ def test_oom_is_recognised_and_retried_alone_when_asked(tmp_path: Path, retry: b
     assert result.exit_code == (0 if retry else 1)
 
 
+KILLED_ONCE = (
+    "import os, pathlib, signal, sys; m = pathlib.Path(sys.argv[1]); first = not m.exists(); "
+    "m.touch(); os.kill(os.getpid(), signal.SIGKILL) if first else print('second attempt')"
+)
+
+
+def test_a_killed_job_is_rerun_up_to_its_retries(tmp_path: Path) -> None:
+    jobs = [
+        JobSpec((PY, "-c", KILLED_ONCE, str(tmp_path / "m1")), name="once", retries=1),
+        py_job("always", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", retries=2),
+        JobSpec("exit 3", name="error", retries=2),  # an error code: it would fail again
+    ]
+    result = run_jobs(jobs, resources=cpu_machine(2), log_dir=tmp_path / "logs")
+    rows = [(j.status, j.exit_code, j.attempts) for j in result.jobs]
+    assert rows == [("ok", 0, 2), ("failed", -15, 3), ("failed", 3, 1)]
+    once, always, _ = result.jobs
+    assert once.log_path == str(tmp_path / "logs" / "01-once.retry1.log")
+    assert "second attempt" in Path(once.log_path).read_text().splitlines()[-1]
+    assert (tmp_path / "logs" / "01-once.log").exists()  # the killed attempt's log is kept
+    assert once.earlier[0].startswith("killed by SIGKILL after ") and len(always.earlier) == 2
+    assert {j.node for j in result.jobs} == {socket.gethostname()}
+    text = str(result)
+    assert "once attempt 1: killed by SIGKILL after" in text
+    assert "always attempt 2: killed by SIGTERM after" in text
+    assert result.exit_code == 2 and result.to_dict()["backend"] == "local"
+
+
+@pytest.mark.parametrize(
+    ("code", "shell", "name"),
+    [(-9, False, "SIGKILL"), (-15, True, "SIGTERM"), (137, True, "SIGKILL"), (137, False, None),
+     (-11, False, None), (1, True, None), (None, True, None)],
+)  # fmt: skip
+def test_killed_by_names_only_killing_signals(code: int | None, shell: bool, name: str) -> None:
+    assert killed_by(code, shell=shell) == name
+
+
+def test_backend_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`backend` must be one of \('local', 'ray'\), got 'k8s'"):
+        run_jobs([JobSpec("true")], backend="k8s")
+    with pytest.raises(ValueError, match=r"`address` \('auto'\) names a Ray cluster"):
+        run_jobs([JobSpec("true")], address="auto", log_dir=tmp_path)
+    plan = plan_pack([JobSpec("true")], resources=cpu_machine(2))
+    with pytest.raises(ValueError, match=r"`jobs` is a PackPlan .* pass the JobSpecs"):
+        run_jobs(plan, backend="ray")
+
+
 def test_peak_memory_covers_the_process_tree(tmp_path: Path) -> None:
     alloc = "import time; b = bytearray(300 * 2**20); time.sleep(1.5)"
     job = JobSpec(f"{PY} -c '{alloc}' & wait", name="tree")  # the allocation is a grandchild
@@ -169,6 +217,15 @@ def test_cli_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
         [PY, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=60
     )
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+    # What a Ray worker imports for each job, and the driver's side before `import ray`.
+    ray_side = (
+        "import sys, lightning_maxtp.pack.ray_task, lightning_maxtp.pack.ray_runner\n"
+        "print([m for m in ('torch', 'lightning', 'ray') if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [PY, "-c", ray_side], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def _running_commands(tree: list[psutil.Process]) -> tuple[int, int]:

@@ -1,0 +1,226 @@
+"""``maxtp pack --backend ray`` on a local two-CPU Ray instance: the same jobs as the local backend.
+
+One Ray instance for the module (~4 s to start). Each job's command runs on the "node" (this
+machine) as the child of a Ray worker; its output comes back through the task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from lightning_maxtp.cli import main
+from lightning_maxtp.pack import JobSpec, run_jobs
+from lightning_maxtp.pack.ray_runner import plan_ray_pack
+from tests.helpers.ray_local import local_ray
+from tests.pack.test_runner import SHOW_ENV, cpu_machine, py_job
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with local_ray(num_cpus=2) as context:
+        yield context
+
+
+def test_four_jobs_run_with_their_cpu_share_and_the_local_json_shape(
+    cluster: Any, tmp_path: Path
+) -> None:
+    jobs = [
+        py_job("s0", SHOW_ENV.format(sleep=0.3)),
+        py_job("s1", SHOW_ENV.format(sleep=0.3)),
+        py_job("wide", SHOW_ENV.format(sleep=0.3), cpu_threads=2),
+        py_job("own", SHOW_ENV.format(sleep=0.3), env={"OMP_NUM_THREADS": "7"}),
+    ]
+    result = run_jobs(jobs, backend="ray", log_dir=tmp_path / "ray")
+    assert [j.status for j in result.jobs] == ["ok"] * 4 and result.exit_code == 0
+    logs = [Path(j.log_path or "").read_text() for j in result.jobs]
+    assert "env 1 1 1 ''" in logs[0] and "env 1 1 1 ''" in logs[1]  # 1 of the 2 CPUs each
+    assert "env 2 2 2 ''" in logs[2]  # cpu_threads=2: the whole node
+    assert "env 7 1 1 ''" in logs[3]  # the job's own variable wins
+    assert "# ray_task: num_cpus=2, num_gpus=0" in logs[2]
+    host = socket.gethostname()
+    assert {j.node for j in result.jobs} == {host} and result.backend == "ray"
+    assert [j.log_path for j in result.jobs] == [
+        str(tmp_path / "ray" / f"0{n}-{name}.log")
+        for n, name in enumerate(("s0", "s1", "wide", "own"), start=1)
+    ]
+    assert f"  {host}  " in str(result).splitlines()[1]  # the node column
+    local = run_jobs(jobs, resources=cpu_machine(2), log_dir=tmp_path / "local")
+    ray_dict, local_dict = result.to_dict(), local.to_dict()
+    assert ray_dict.keys() == local_dict.keys() and local_dict["backend"] == "local"
+    assert [j.keys() for j in ray_dict["jobs"]] == [j.keys() for j in local_dict["jobs"]]
+    assert [j["status"] for j in local_dict["jobs"]] == [j["status"] for j in ray_dict["jobs"]]
+
+
+STREAMED = (
+    "import pathlib, sys, time; log = pathlib.Path(sys.argv[1]); print('first', flush=True)\n"
+    "deadline = time.monotonic() + 60\n"
+    "while 'first' not in log.read_text() and time.monotonic() < deadline: time.sleep(0.05)\n"
+    "print('second: the log had my first line while I ran')"
+)
+
+
+def test_output_reaches_the_log_while_the_job_runs(cluster: Any, tmp_path: Path) -> None:
+    log = tmp_path / "01-stream.log"  # the job waits until its own first line is in its log
+    job = JobSpec((PY, "-c", STREAMED, str(log)), name="stream")
+    result = run_jobs([job], backend="ray", log_dir=tmp_path)
+    assert result.jobs[0].status == "ok" and result.jobs[0].wall_s is not None
+    assert result.jobs[0].wall_s < 30
+    assert log.read_text().endswith("first\nsecond: the log had my first line while I ran\n")
+
+
+def output(log: Path) -> list[str]:
+    """The job's own lines in its log (not our ``#`` header)."""
+    return [line for line in log.read_text().splitlines() if not line.startswith("#")]
+
+
+KILL_SELF_ONCE = (
+    "import os, pathlib, signal, sys, time; m = pathlib.Path(sys.argv[1])\n"
+    "if not m.exists():\n"
+    "    m.write_text(str(os.getpid())); os.kill(os.getpid(), signal.SIGKILL)\n"
+    "print('second attempt')"
+)
+KILL_WORKER_ONCE = (  # the task's worker dies, as on a lost node; the job itself would go on
+    "import os, pathlib, signal, sys, time; m = pathlib.Path(sys.argv[1])\n"
+    "if not m.exists():\n"
+    "    m.write_text(str(os.getpid())); os.kill(os.getppid(), signal.SIGKILL); time.sleep(60)\n"
+    "print('second attempt')"
+)
+
+
+def test_failures_retries_and_a_lost_worker(cluster: Any, tmp_path: Path) -> None:
+    killed, lost = tmp_path / "killed.pid", tmp_path / "lost.pid"
+    jobs = [
+        JobSpec("echo broken; exit 3", name="three", retries=2),  # an error code: never rerun
+        JobSpec("echo fine", name="fine"),
+        JobSpec((PY, "-c", KILL_SELF_ONCE, str(killed)), name="killed", retries=1),
+        JobSpec((PY, "-c", KILL_WORKER_ONCE, str(lost)), name="lost", retries=1),
+        JobSpec("kill -9 $$", name="no-retry"),
+        py_job("term", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"),  # not blocked
+    ]
+    result = run_jobs(jobs, backend="ray", log_dir=tmp_path / "logs")
+    rows = [(j.status, j.exit_code, j.attempts) for j in result.jobs]
+    assert rows == [
+        ("failed", 3, 1), ("ok", 0, 1), ("ok", 0, 2), ("ok", 0, 2), ("failed", -9, 1),
+        ("failed", -15, 1),
+    ]  # fmt: skip
+    assert result.exit_code == 3 and result.num_failed == 3
+    three, _, kill, gone, *_ = result.jobs
+    assert "broken" in Path(three.log_path or "").read_text()
+    assert kill.earlier[0].startswith("killed by SIGKILL on ")
+    assert gone.earlier[0].startswith("lost on ") and "WorkerCrashedError" in gone.earlier[0]
+    for job in (kill, gone):  # the first attempt's log is kept, the result is the second's
+        assert job.log_path is not None and job.log_path.endswith(".retry1.log")
+        assert "second attempt" in output(Path(job.log_path))
+        assert "second attempt" not in output(Path(job.log_path.replace(".retry1", "")))
+    first_log = (tmp_path / "logs" / "04-lost.log").read_text()
+    assert "the Ray task was lost: WorkerCrashedError" in first_log
+    orphan = int(lost.read_text())  # the lost worker's job died with it
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(orphan) and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE:
+                break
+        time.sleep(0.1)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+    text = str(result)
+    assert "killed attempt 1: killed by SIGKILL" in text and "lost attempt 1: lost on" in text
+
+
+def test_a_job_no_node_holds_is_refused_before_anything_starts(
+    cluster: Any, tmp_path: Path
+) -> None:
+    jobs = [JobSpec("echo a", name="a"), JobSpec("echo b", name="huge", cpu_threads=64)]
+    with pytest.raises(ValueError, match=r"job 'huge' asks for 0 GPU\(s\), 64 CPU\(s\)"):
+        run_jobs(jobs, backend="ray", log_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+    plan = plan_ray_pack(jobs[:1], default_cpu_threads=2)
+    assert plan.demands[0].options() == {"num_cpus": 2.0, "num_gpus": 0.0}
+    assert str(plan).startswith("pack plan: 1 jobs as Ray tasks on 1 node(s), 2 CPUs, 0 GPUs")
+
+
+def test_cli_dry_run_and_errors(cluster: Any, tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["pack", "--backend", "ray", "--dry-run", "--json", "--", "echo a"])
+    assert code == 0, err.getvalue()
+    data = json.loads(out.getvalue())
+    assert data["backend"] == "ray" and data["jobs"][0]["num_cpus"] == 1.0
+    with contextlib.redirect_stderr(err):
+        assert main(["pack", "--address", "auto", "--", "echo a"]) == 2
+    assert "--address is for a Ray cluster; add --backend ray" in err.getvalue()
+
+
+def test_without_ray_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'lightning-maxtp\[ray\]'"):
+        run_jobs([JobSpec("true")], backend="ray", log_dir=tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["pack", "--backend", "ray", "--log-dir", str(tmp_path), "--", "true"]) == 2
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("maxtp: error: maxtp pack --backend ray needs")
+
+
+SLEEPER = "sleep 60 & echo $! > {pids}; echo started; wait"
+
+
+def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path: Path) -> None:
+    pids = [tmp_path / f"{n}.pid" for n in range(3)]
+    jobs = [{"command": SLEEPER.format(pids=p), "name": f"j{n}"} for n, p in enumerate(pids)]
+    jobs_file = tmp_path / "jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pack = subprocess.Popen(
+        [PY, "-m", "lightning_maxtp.cli", "pack", "--backend", "ray", "--address",
+         cluster.address_info["address"], "--jobs", str(jobs_file), "--log-dir",
+         str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        logs = [tmp_path / "logs" / f"0{n + 1}-j{n}.log" for n in range(3)]
+        # two jobs run (one CPU each), the third waits in Ray's queue
+        while time.monotonic() < deadline:
+            started = [p for p in logs if p.exists() and "started" in output(p)]
+            if len(started) == 2:
+                break
+            time.sleep(0.1)
+        assert len(started) == 2, [p.read_text() for p in logs if p.exists()]
+        running = [int(p.read_text()) for p in pids if p.exists()]
+        assert len(running) == 2
+        pack.send_signal(signal.SIGINT)
+        out, err = pack.communicate(timeout=60)
+    finally:
+        if pack.poll() is None:
+            pack.kill()
+            pack.communicate()
+    assert pack.returncode == 130, err
+    assert "interrupted by SIGINT" in out
+    statuses = sorted(line.split()[1] for line in out.splitlines()[1:4])
+    assert statuses == ["not_run", "stopped", "stopped"], out
+    for pid in running:  # each job's `sleep 60`, a grandchild of the Ray worker
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
