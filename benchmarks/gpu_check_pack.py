@@ -9,6 +9,10 @@ What it checks, in about two minutes on an H200:
    must have trained on the GPU. Reported: both total wall times and their ratio.
 3. A real CUDA out-of-memory error (a job allocating more than the GPU has) is recognised as
    ``oom`` and, with ``retry_oom``, retried once alone.
+4. With Ray installed (the ``[ray]`` extra): the packed jobs again with ``backend="ray"`` on a
+   local Ray instance. Every job must train on the device, the GPU's size must come from NVML
+   on the node (so the 2 GiB jobs ask for a share of one GPU), and the result must have the
+   local backend's keys. Skipped, and said so, without Ray.
 
 Prints a table, then one JSON line. Without a GPU (``--smoke``, or automatically) the GPU items
 are skipped and item 2 runs two tiny jobs on the CPU to test the plumbing.
@@ -20,6 +24,8 @@ Usage: ``PYTHONPATH=. python benchmarks/gpu_check_pack.py [--jobs 8] [--steps 30
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 import tempfile
 import time
@@ -43,10 +49,14 @@ def train_jobs(num_jobs: int, steps: int, width: int) -> list[JobSpec]:
     ]  # fmt: skip
 
 
-def timed(jobs: list[JobSpec], max_parallel: int | None) -> tuple[float, PackResult, list[str]]:
+def timed(
+    jobs: list[JobSpec], max_parallel: int | None, backend: str = "local"
+) -> tuple[float, PackResult, list[str]]:
     with tempfile.TemporaryDirectory() as logs:
         start = time.perf_counter()
-        result = run_jobs(jobs, log_dir=logs, max_parallel=max_parallel, poll_interval_s=0.02)
+        result = run_jobs(
+            jobs, backend=backend, log_dir=logs, max_parallel=max_parallel, poll_interval_s=0.02
+        )
         wall = time.perf_counter() - start
         last = [
             (Path(j.log_path).read_text().strip().splitlines() or [""])[-1] if j.log_path else ""
@@ -96,12 +106,48 @@ def main() -> int:
               f"status {oom.status}, attempts {oom.attempts}")  # fmt: skip
     else:
         check(rows, "real CUDA OOM", None, "skipped: no free GPU (or --smoke)")
+    on_ray = ray_item(rows, jobs, device, packed)
     print(packed)
     return finish(
         "gpu_check_pack", rows, args.out, jobs=args.jobs, steps=args.steps, width=args.width,
         sequential_s=round(seq_s, 3), packed_s=round(packed_s, 3), ratio=round(ratio, 3),
-        packed=packed.to_dict(), machine=res.to_dict(),
+        packed=packed.to_dict(), ray=on_ray, machine=res.to_dict(),
     )  # fmt: skip
+
+
+def ray_item(
+    rows: list[dict[str, Any]], jobs: list[JobSpec], device: str, local: PackResult
+) -> dict[str, Any] | None:
+    """Item 4: the same jobs as Ray tasks on a local Ray instance (skipped without Ray)."""
+    if importlib.util.find_spec("ray") is None:
+        check(rows, "backend ray", None, "skipped: Ray is not installed (the [ray] extra)")
+        return None
+    import ray
+
+    from lightning_maxtp.pack.ray_cluster import plan_ray_pack
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    start = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    init_s = time.perf_counter() - start
+    try:
+        plan = plan_ray_pack(jobs)
+        shares = sorted({d.num_gpus for d in plan.demands})
+        if device == "cuda":
+            check(rows, "ray: GPU size read by NVML on the node", plan.gpu_bytes is not None,
+                  f"{(plan.gpu_bytes or 0) / 2**30:.1f} GiB, num_gpus {shares}")  # fmt: skip
+        wall_s, result, last = timed(jobs, None, backend="ray")
+    finally:
+        ray.shutdown()
+    on_device = all(f"device {device}" in line for line in last)
+    check(rows, f"ray: every job trained on {device}", result.num_failed == 0 and on_device,
+          f"{wall_s:.1f} s (local packed {local.wall_s:.1f} s), ray.init {init_s:.1f} s, "
+          f"nodes {sorted({j.node for j in result.jobs})}")  # fmt: skip
+    same = result.to_dict().keys() == local.to_dict().keys() and [
+        j.keys() for j in result.to_dict()["jobs"]
+    ] == [j.keys() for j in local.to_dict()["jobs"]]
+    check(rows, "ray: the local backend's result keys", same, f"backend {result.backend}")
+    return {"wall_s": round(wall_s, 3), "init_s": round(init_s, 3), "result": result.to_dict()}
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         if not ray:
             plan = local = plan_pack(jobs, headroom_bytes=int(args.headroom_gib * GIB), **defaults)
         elif args.dry_run:
-            from lightning_maxtp.pack.ray_runner import plan_ray_pack
+            from lightning_maxtp.pack.ray_cluster import plan_ray_pack
 
             plan = plan_ray_pack(
                 jobs,

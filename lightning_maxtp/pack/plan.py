@@ -20,7 +20,7 @@ from lightning_maxtp.pack.placement import (
     resolve_demands,
 )
 from lightning_maxtp.pack.results import gib_column, text_table
-from lightning_maxtp.pack.spec import JobSpec
+from lightning_maxtp.pack.spec import JobSpec, check_jobs
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, Resources, inspect_resources
 
 __all__ = ["PackPlan", "plan_pack"]
@@ -110,19 +110,7 @@ def plan_pack(
         ValueError: If there are no jobs, a job asks for more GPU memory than any free GPU has,
             or the machine's GPUs are all busy.
     """
-    jobs = tuple(jobs)
-    if not jobs:
-        raise ValueError("`jobs` is empty; pass at least one JobSpec")
-    if default_gpu_memory_gib is not None and default_gpu_memory_gib <= 0:
-        raise ValueError(
-            f"`default_gpu_memory_gib` must be > 0, got {default_gpu_memory_gib!r}; "
-            "or None for a whole GPU per job"
-        )
-    if default_cpu_threads is not None and default_cpu_threads < 1:
-        raise ValueError(f"`default_cpu_threads` must be >= 1, got {default_cpu_threads!r}")
-    names = [j.name for j in jobs if j.name]
-    if len(set(names)) != len(names):
-        raise ValueError(f"job names must be unique (they name the logs), got {names!r}")
+    jobs = check_jobs(jobs, default_gpu_memory_gib, default_cpu_threads)
     resources = resources if resources is not None else inspect_resources()
     capacity = capacity_from_resources(
         resources, headroom_bytes=headroom_bytes, max_parallel=max_parallel

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
 from lightning_maxtp._log import prefixed
+from lightning_maxtp.pack.results import JobResult
 
-__all__ = ["Progress", "attempt_log_path", "default_log_dir", "log_header"]
+__all__ = ["Progress", "attempt_log_path", "counts_text", "default_log_dir", "log_header"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,16 @@ def log_header(name: str, attempt: int, command: str, **lines: str) -> str:
     """The ``# ...`` lines a job's log starts with (the job's own output follows)."""
     extra = "".join(f"# {key}: {value}\n" for key, value in lines.items())
     return f"# maxtp pack: {name} (attempt {attempt})\n# command: {command}\n{extra}"
+
+
+def counts_text(running: int, queued: int, done: Iterable[JobResult], elapsed_s: float) -> str:
+    """``[maxtp pack 12s] 2 running, 1 queued, 3 done (0 failed)``: the status line's head."""
+    finished = list(done)
+    failed = sum(j.failed for j in finished)
+    return (
+        f"[maxtp pack {elapsed_s:.0f}s] {running} running, {queued} queued, "
+        f"{len(finished)} done ({failed} failed)"
+    )
 
 
 class Progress:

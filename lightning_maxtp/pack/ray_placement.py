@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning_maxtp._units import GIB, format_bytes
 from lightning_maxtp.pack.results import text_table
-from lightning_maxtp.pack.spec import JobSpec
+from lightning_maxtp.pack.spec import JobSpec, check_jobs
 
 __all__ = ["RayDemand", "RayNode", "RayPlan", "cluster_nodes", "plan_ray", "ray_demands"]
 
@@ -258,19 +258,7 @@ def plan_ray(
         ValueError: No jobs, names used twice, a default out of range, or a job no node can
             hold (``ray_demands``).
     """
-    jobs = tuple(jobs)
-    if not jobs:
-        raise ValueError("`jobs` is empty; pass at least one JobSpec")
-    names = [j.name for j in jobs if j.name]
-    if len(set(names)) != len(names):
-        raise ValueError(f"job names must be unique (they name the logs), got {names!r}")
-    if default_gpu_memory_gib is not None and default_gpu_memory_gib <= 0:
-        raise ValueError(
-            f"`default_gpu_memory_gib` must be > 0, got {default_gpu_memory_gib!r}; "
-            "or None for a whole GPU per job"
-        )
-    if default_cpu_threads is not None and default_cpu_threads < 1:
-        raise ValueError(f"`default_cpu_threads` must be >= 1, got {default_cpu_threads!r}")
+    jobs = check_jobs(jobs, default_gpu_memory_gib, default_cpu_threads)
     filled = tuple(
         dataclasses.replace(
             job,

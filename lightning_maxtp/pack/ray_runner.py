@@ -18,127 +18,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from lightning_maxtp._units import GIB
 from lightning_maxtp.pack import proc
-from lightning_maxtp.pack.progress import Progress, attempt_log_path, default_log_dir, log_header
-from lightning_maxtp.pack.ray_placement import RayDemand, RayNode, RayPlan, cluster_nodes, plan_ray
-from lightning_maxtp.pack.ray_task import gpu_memory_bytes, job_task
-from lightning_maxtp.pack.results import JobResult, PackResult
-from lightning_maxtp.pack.runner import Signals, counts_text, not_run, signals_stop
+from lightning_maxtp.pack.progress import (
+    Progress,
+    attempt_log_path,
+    counts_text,
+    default_log_dir,
+    log_header,
+)
+from lightning_maxtp.pack.ray_cluster import connect, import_ray, plan_ray_pack
+from lightning_maxtp.pack.ray_placement import RayDemand, RayPlan
+from lightning_maxtp.pack.ray_task import job_task
+from lightning_maxtp.pack.results import JobResult, PackResult, not_run
+from lightning_maxtp.pack.signals import Signals, signals_stop
 from lightning_maxtp.pack.spec import JobSpec
 
-__all__ = ["NEEDS_RAY", "plan_ray_pack", "run_ray_jobs"]
+__all__ = ["run_ray_jobs"]
 
-NEEDS_RAY = (
-    "maxtp pack --backend ray needs Ray: pip install 'lightning-maxtp[ray]' "
-    "(or pip install 'ray>=2.9')"
-)
 STOP_GRACE_S = 15.0
 """Seconds cancelled tasks get to stop their jobs (the task's own grace is 5 s) before they are
 killed with their workers."""
-_GPU_PROBE_TIMEOUT_S = 60.0
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as error:
-        raise ImportError(NEEDS_RAY) from error
-    return ray
-
-
-def _connect(address: str | None) -> bool:
-    """``ray.init(address)`` unless Ray is initialised; whether this call started it."""
-    ray = _ray()
-    if ray.is_initialized():
-        return False
-    try:
-        # The jobs' output comes back through the tasks; the workers' prints would repeat it.
-        ray.init(address=address, log_to_driver=False)
-    except ConnectionError as err:
-        raise ValueError(
-            f"`address` {address!r}: no Ray cluster answered ({err}); start one with "
-            "`ray start --head`, or leave --address out for a local instance"
-        ) from err
-    return True
-
-
-def _gpu_bytes(nodes: Sequence[RayNode]) -> int | None:
-    """The smallest GPU of the cluster, read by NVML on each GPU node (``None``: unknown)."""
-    ray = _ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = ray.remote(gpu_memory_bytes)
-    refs = [
-        probe.options(
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote()
-        for node in nodes
-        if node.gpus > 0
-    ]
-    try:
-        sizes = ray.get(refs, timeout=_GPU_PROBE_TIMEOUT_S)
-    except Exception:  # a node that cannot answer: shares stay unknown (whole GPUs)
-        return None
-    known = [s for s in sizes if s]
-    return min(known) if len(known) == len(sizes) and known else None
-
-
-def plan_ray_pack(
-    jobs: Sequence[JobSpec],
-    *,
-    address: str | None = None,
-    gpu_size_gib: float | None = None,
-    default_gpu_memory_gib: float | None = None,
-    default_cpu_threads: int | None = None,
-) -> RayPlan:
-    """Each job's Ray task resources on the cluster; starts no job.
-
-    Args:
-        jobs: The jobs, in order.
-        address: The cluster, when Ray is not initialised yet (see ``run_ray_jobs``); a local
-            instance started for this is shut down before returning.
-        gpu_size_gib: Memory of one of the cluster's GPUs, for jobs that declare
-            ``gpu_memory_gib`` (default: read by NVML on each GPU node, the smallest).
-        default_gpu_memory_gib: GPU memory of a job that declares none (default: a whole GPU).
-        default_cpu_threads: Threads of a job that declares none (default: a fair share).
-
-    Raises:
-        ImportError: Without Ray installed (the ``[ray]`` extra).
-        ValueError: See ``plan_ray``; or when no node is alive.
-    """
-    if gpu_size_gib is not None and not gpu_size_gib > 0:
-        raise ValueError(f"`gpu_size_gib` must be > 0 or None, got {gpu_size_gib!r}")
-    owned = _connect(address)
-    try:
-        nodes = cluster_nodes(_ray().nodes())
-        gpu_bytes = _gpu_size(jobs, nodes, gpu_size_gib, default_gpu_memory_gib)
-    finally:
-        if owned:
-            _ray().shutdown()
-    return plan_ray(
-        jobs,
-        nodes,
-        gpu_bytes=gpu_bytes,
-        default_gpu_memory_gib=default_gpu_memory_gib,
-        default_cpu_threads=default_cpu_threads,
-    )
-
-
-def _gpu_size(
-    jobs: Sequence[JobSpec],
-    nodes: Sequence[RayNode],
-    gpu_size_gib: float | None,
-    default_gpu_memory_gib: float | None,
-) -> int | None:
-    """The GPU size for shares: given, else probed when a job declares its GPU memory."""
-    declares = default_gpu_memory_gib is not None or any(j.gpu_memory_gib for j in jobs)
-    if gpu_size_gib is not None:
-        return int(gpu_size_gib * GIB)
-    if declares and any(n.gpus > 0 for n in nodes):
-        return _gpu_bytes(nodes)
-    return None
 
 
 def run_ray_jobs(
@@ -187,7 +86,7 @@ def run_ray_jobs(
     """
     if max_parallel is not None and (isinstance(max_parallel, bool) or max_parallel < 1):
         raise ValueError(f"`max_parallel` must be >= 1 or None, got {max_parallel!r}")
-    owned = _connect(address)
+    owned = connect(address)
     try:
         plan = (
             jobs
@@ -214,7 +113,7 @@ def run_ray_jobs(
         return run.result()
     finally:
         if owned:
-            _ray().shutdown()
+            import_ray().shutdown()
 
 
 @dataclass
@@ -229,7 +128,6 @@ class _Attempt:
     log: IO[bytes]
     offset: int
     """Bytes of our header in the log: the job's own output starts there."""
-    submitted: float
     start: dict[str, Any] | None = None
     """The task's first item, once the command runs."""
     started: float | None = None
@@ -249,7 +147,7 @@ class _RayRun:
         progress: Progress,
         max_parallel: int | None,
     ) -> None:
-        self.ray = _ray()
+        self.ray = import_ray()
         self.plan, self.folder = plan, folder
         self.fail_fast, self.retry_oom = fail_fast, retry_oom
         self.progress, self.max_parallel = progress, max_parallel
@@ -302,9 +200,7 @@ class _RayRun:
                 env=dict(job.env),
                 threads=demand.threads,
             )
-            self.tasks[demand.job] = _Attempt(
-                demand, number, task, path, log, log.tell(), time.monotonic()
-            )
+            self.tasks[demand.job] = _Attempt(demand, number, task, path, log, log.tell())
 
     def _poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for any task to send something; take all that came."""
@@ -505,7 +401,8 @@ class _RayRun:
 
     def result(self) -> PackResult:
         results = [
-            self.results.get(d.job) or not_run(d.name, self.plan.jobs[d.job])
+            self.results.get(d.job)
+            or not_run(d.name, self.plan.jobs[d.job].command_text, self.earlier.get(d.job, ()))
             for d in self.plan.demands
         ]
         return PackResult(

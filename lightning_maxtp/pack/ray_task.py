@@ -28,7 +28,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from lightning_maxtp.pack.placement import job_env
@@ -43,10 +43,21 @@ _STOP_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child, before ``exec``: the kernel sends SIGKILL when this worker dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent() -> Callable[[], None]:
+    """What the child runs before ``exec``: the kernel sends it SIGKILL when this worker dies.
+
+    ``prctl`` is looked up here, before the fork: the child of a threaded process must not
+    ``dlopen``. A worker that died before the call left the child orphaned already: it exits.
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(137)
+
+    return in_child
 
 
 class _Output:
@@ -109,7 +120,7 @@ def job_task(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a prctl call, as Ray does itself
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - a prctl call, as Ray does itself
         )
     except OSError as err:
         yield {**start, "pid": None}

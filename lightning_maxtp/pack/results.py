@@ -10,7 +10,7 @@ from typing import Any
 
 from lightning_maxtp._units import format_bytes
 
-__all__ = ["JobResult", "PackResult", "gib_column", "text_table"]
+__all__ = ["JobResult", "PackResult", "gib_column", "not_run", "text_table"]
 
 
 def gib_column(nbytes: int | None) -> str:
@@ -124,6 +124,23 @@ class PackResult:
         if self.interrupted:
             tail += f", interrupted by {self.interrupted}"
         return "\n".join([*text_table(header, rows), *retried, tail])
+
+
+def not_run(name: str, command: str, earlier: Sequence[str] = ()) -> JobResult:
+    """The result of a job stopped before its turn (or before its next attempt started)."""
+    return JobResult(
+        name,
+        command,
+        status="not_run",
+        exit_code=None,
+        wall_s=None,
+        gpu=None,
+        threads=None,
+        peak_rss_bytes=None,
+        log_path=None,
+        attempts=len(earlier),
+        earlier=tuple(earlier),
+    )
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -7,21 +7,25 @@ process group before returning. ``backend="ray"`` hands the same jobs to ``ray_r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
 import socket
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from lightning_maxtp.pack import proc
 from lightning_maxtp.pack.placement import Demand, Placement, Step, assign
 from lightning_maxtp.pack.plan import PackPlan, plan_pack
-from lightning_maxtp.pack.progress import Progress, attempt_log_path, default_log_dir, log_header
-from lightning_maxtp.pack.results import JobResult, PackResult, gib_column
+from lightning_maxtp.pack.progress import (
+    Progress,
+    attempt_log_path,
+    counts_text,
+    default_log_dir,
+    log_header,
+)
+from lightning_maxtp.pack.results import JobResult, PackResult, gib_column, not_run
+from lightning_maxtp.pack.signals import Signals, Stop, signals_stop
 from lightning_maxtp.pack.spec import JobSpec
 
 __all__ = ["BACKENDS", "run_jobs", "status_text"]
@@ -108,81 +112,6 @@ def run_jobs(
     with signals_stop(run.signals):
         run.loop(poll_interval_s)
     return run.result()
-
-
-class Stop(BaseException):
-    """Raised by our signal handler in the main thread."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class Interruptible(Protocol):
-    """A run a signal can stop: the handler records the signal's name here first."""
-
-    interrupted: str | None
-
-
-class Signals:
-    """SIGINT and SIGTERM while a run goes on: recorded on the run, raised as ``Stop`` or not.
-
-    ``deferred()`` holds the ``Stop`` back until the block ends, in software: blocking the
-    signals with ``pthread_sigmask`` instead would pass the blocked mask on to every job started
-    inside the block, and a job that never sees SIGTERM cannot save its work when preempted.
-    """
-
-    def __init__(self, run: Interruptible, *, raise_stop: bool = True) -> None:
-        """Handle signals for ``run``.
-
-        Args:
-            run: Where the first signal's name is recorded (``run.interrupted``).
-            raise_stop: Raise ``Stop`` (else only record it, for a loop that checks the run:
-                Ray runs Python's signal handlers inside its own calls and turns what they
-                raise into a ``SystemError``).
-        """
-        self.run, self.raise_stop = run, raise_stop
-        self._depth = 0
-        self._held: int | None = None
-
-    def handler(self, signum: int, frame: object) -> None:
-        """The signal handler: record the first signal, then raise now or when allowed."""
-        if self.run.interrupted is not None:  # a second Ctrl-C must not break the cleanup
-            return
-        self.run.interrupted = signal.Signals(signum).name
-        if not self.raise_stop:
-            return
-        if self._depth:
-            self._held = signum
-            return
-        raise Stop(signum)
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """Inside, a signal's ``Stop`` waits for the block's end (what it records stays whole)."""
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-        if not self._depth and self._held is not None:
-            signum, self._held = self._held, None
-            raise Stop(signum)
-
-
-@contextlib.contextmanager
-def signals_stop(signals: Signals) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM go to ``signals.handler`` (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, signals.handler) for sig in stops}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 class _Run:
@@ -364,7 +293,8 @@ class _Run:
 
     def result(self) -> PackResult:
         results = [
-            self.results.get(d.job) or not_run(d.name, self.plan.jobs[d.job])
+            self.results.get(d.job)
+            or not_run(d.name, self.plan.jobs[d.job].command_text, self.earlier.get(d.job, ()))
             for d in self.plan.demands
         ]
         return PackResult(
@@ -373,32 +303,6 @@ class _Run:
             log_dir=str(self.folder),
             interrupted=self.interrupted,
         )
-
-
-def not_run(name: str, job: JobSpec) -> JobResult:
-    """The result of a job that never started (stopped before its turn)."""
-    return JobResult(
-        name,
-        job.command_text,
-        status="not_run",
-        exit_code=None,
-        wall_s=None,
-        gpu=None,
-        threads=None,
-        peak_rss_bytes=None,
-        log_path=None,
-        attempts=0,
-    )
-
-
-def counts_text(running: int, queued: int, done: Iterable[JobResult], elapsed_s: float) -> str:
-    """``[maxtp pack 12s] 2 running, 1 queued, 3 done (0 failed)``: the status line's head."""
-    finished = list(done)
-    failed = sum(j.failed for j in finished)
-    return (
-        f"[maxtp pack {elapsed_s:.0f}s] {running} running, {queued} queued, "
-        f"{len(finished)} done ({failed} failed)"
-    )
 
 
 def status_text(

@@ -126,3 +126,29 @@ class JobSpec:
 
     def __str__(self) -> str:
         return f"{self.name or 'job'}: {self.command_text}"
+
+
+def check_jobs(
+    jobs: Sequence[JobSpec],
+    default_gpu_memory_gib: float | None,
+    default_cpu_threads: int | None,
+) -> tuple[JobSpec, ...]:
+    """The job list as a tuple, after the checks both backends make before planning.
+
+    Raises:
+        ValueError: No jobs, a name used twice (names name the logs), or a default out of range.
+    """
+    jobs = tuple(jobs)
+    if not jobs:
+        raise ValueError("`jobs` is empty; pass at least one JobSpec")
+    if default_gpu_memory_gib is not None and default_gpu_memory_gib <= 0:
+        raise ValueError(
+            f"`default_gpu_memory_gib` must be > 0, got {default_gpu_memory_gib!r}; "
+            "or None for a whole GPU per job"
+        )
+    if default_cpu_threads is not None and default_cpu_threads < 1:
+        raise ValueError(f"`default_cpu_threads` must be >= 1, got {default_cpu_threads!r}")
+    names = [j.name for j in jobs if j.name]
+    if len(set(names)) != len(names):
+        raise ValueError(f"job names must be unique (they name the logs), got {names!r}")
+    return jobs

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from lightning_maxtp.pack import JobSpec, run_jobs
-from lightning_maxtp.pack.ray_runner import plan_ray_pack
+from lightning_maxtp.pack.ray_cluster import plan_ray_pack
 from tests.helpers.ray_local import local_ray
 from tests.pack.test_runner import OOM_ONCE
 

@@ -24,7 +24,7 @@ import pytest
 
 from lightning_maxtp.cli import main
 from lightning_maxtp.pack import JobSpec, run_jobs
-from lightning_maxtp.pack.ray_runner import plan_ray_pack
+from lightning_maxtp.pack.ray_cluster import plan_ray_pack
 from tests.helpers.ray_local import local_ray
 from tests.pack.test_runner import SHOW_ENV, cpu_machine, py_job
 
@@ -146,6 +146,20 @@ def test_failures_retries_and_a_lost_worker(cluster: Any, tmp_path: Path) -> Non
         assert psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
     text = str(result)
     assert "killed attempt 1: killed by SIGKILL" in text and "lost attempt 1: lost on" in text
+
+
+def test_fail_fast_cancels_the_rest_and_max_parallel_holds_them_back(
+    cluster: Any, tmp_path: Path
+) -> None:
+    jobs = [JobSpec("sleep 1; exit 1", name="bad"), JobSpec("sleep 30", name="slow"),
+            JobSpec("echo late", name="late")]  # fmt: skip
+    start = time.monotonic()
+    result = run_jobs(jobs, backend="ray", log_dir=tmp_path, fail_fast=True, max_parallel=2)
+    assert time.monotonic() - start < 25  # "slow" was cancelled, not waited for
+    bad, slow, late = (j.status for j in result.jobs)
+    # "slow" was running, unless a loaded machine had not started its worker yet
+    assert bad == "failed" and slow in ("stopped", "not_run") and late == "not_run"
+    assert result.jobs[2].log_path is None and not (tmp_path / "03-late.log").exists()
 
 
 def test_a_job_no_node_holds_is_refused_before_anything_starts(
