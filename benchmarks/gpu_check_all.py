@@ -85,7 +85,7 @@ class Budget:
 # these from the first real run's seconds (benchmarks/results/gpu_check_all_*.txt).
 BUDGETS: dict[str, Budget] = {
     "inspect": Budget(20, 20, 0.2, "5 CLI probes, a CUDA allocator process, 1 pytest"),
-    "pack": Budget(50, 55, 11, "8 torch jobs x 3000 steps in turn, then packed; an OOM job x2"),
+    "pack": Budget(50, 55, 17, "8 torch jobs x 3000 steps in turn, packed, on Ray if any; OOM x2"),
     "inference": Budget(60, 75, 12, "1024 JPEGs made, 2 pools started, 3 rounds of 8192 images"),
     "strategy": Budget(60, 80, 4.4, "4 fresh fits of a 200 M MLP (1 FSDP + CPU offload), 1 pytest"),
     "diagnosis": Budget(70, 85, 4.8, "5 planted fits (512 JPEGs made), 6 x 200 steps, 8192^2 MLP"),

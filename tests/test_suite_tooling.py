@@ -118,3 +118,35 @@ def test_slowest_reads_a_pass_without_a_report_as_no_tests(
     out = capsys.readouterr().out
     assert "pytest wall-clock: 3 s = parallel 2 s (0 tests) + serial 1 s (0 tests)" in out
     assert "the 0 slowest tests" in out and "(set-up before them: 1 s)" in out
+
+
+GROUPED = """
+import os, pathlib, pytest
+pytestmark = pytest.mark.xdist_group("one")
+@pytest.mark.parametrize("i", range(6))
+def test_where(i):
+    out = pathlib.Path(os.environ["WHERE_OUT"]) / f"{i}.txt"
+    out.write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="needs pytest-xdist")
+def test_loadgroup_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
+    """``.ci/run``'s ``--dist loadgroup`` must honour ``xdist_group``: the Ray tests share one
+    Ray instance per worker only if they run on one worker (pytest 9.2 with pytest-xdist 3.8
+    silently ran them everywhere, each worker starting Ray)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "WHERE_OUT": str(tmp_path / "out")}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+         "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path / "test_grouped.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    workers = {p.read_text() for p in (tmp_path / "out").iterdir()}
+    assert len(list((tmp_path / "out").iterdir())) == 6 and len(workers) == 1, workers

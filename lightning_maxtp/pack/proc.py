@@ -31,9 +31,11 @@ class Tree:
     """A job's process group and every descendant seen in it, with their peak resident memory."""
 
     pid: int
-    """The job's main process (its process group has the same id)."""
+    """The tree's root process."""
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     peak_rss_bytes: int = 0
+    group: int | None = None
+    """The job's process group, when it is not ``pid`` (the root started no session)."""
 
     def sample(self) -> None:
         """Add new descendants and update the peak RSS (the sum over the tree).
@@ -58,7 +60,7 @@ class Tree:
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the process group and to every descendant seen outside it."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+            os.killpg(self.group or self.pid, sig)
         for proc in self.seen.values():
             if proc.pid == self.pid:
                 continue

@@ -31,7 +31,7 @@ from lightning_maxtp.pack.ray_placement import RayDemand, RayPlan
 from lightning_maxtp.pack.ray_task import job_task
 from lightning_maxtp.pack.results import JobResult, PackResult, not_run
 from lightning_maxtp.pack.signals import Signals, signals_stop
-from lightning_maxtp.pack.spec import JobSpec
+from lightning_maxtp.pack.spec import JobSpec, check_jobs
 
 __all__ = ["run_ray_jobs"]
 
@@ -86,6 +86,10 @@ def run_ray_jobs(
     """
     if max_parallel is not None and (isinstance(max_parallel, bool) or max_parallel < 1):
         raise ValueError(f"`max_parallel` must be >= 1 or None, got {max_parallel!r}")
+    if gpu_size_gib is not None and not gpu_size_gib > 0:
+        raise ValueError(f"`gpu_size_gib` must be > 0 or None, got {gpu_size_gib!r}")
+    if not isinstance(jobs, RayPlan):  # bad input is refused before Ray starts (seconds)
+        check_jobs(jobs, default_gpu_memory_gib, default_cpu_threads)
     owned = connect(address)
     try:
         plan = (
@@ -244,7 +248,8 @@ class _RayRun:
         if kind == "start":
             attempt.start, attempt.started = item, time.monotonic()
             env = " ".join(f"{k}={v}" for k, v in item["env"].items())
-            self._write(attempt, f"# node: {item['host']} (pid {item['pid']})\n# env: {env}\n")
+            pids = f"Ray worker pid {item['worker_pid']}, keeper pid {item['pid']}"
+            self._write(attempt, f"# node: {item['host']} ({pids})\n# env: {env}\n")
             attempt.offset = attempt.log.tell()
             gpus = ",".join(item["gpus"])
             where = f"{item['host']} GPU {gpus}" if gpus else f"{item['host']} CPU"

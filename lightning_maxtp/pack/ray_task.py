@@ -3,16 +3,17 @@
 ``job_task`` is a generator: Ray runs it as a streaming task (``num_returns="streaming"``) and the
 submitting machine reads what it yields as it comes, in order:
 
-- ``{"kind": "start", ...}`` once the command runs: the host, its pid, the GPUs Ray gave the task
-  and the variables set;
+- ``{"kind": "start", ...}`` once the command runs: the host, the Ray worker's and the keeper's
+  pids, the GPUs Ray gave the task and the variables pack set;
 - ``{"kind": "out", "data": bytes}`` chunks of the command's output (stdout and stderr);
 - ``{"kind": "end", ...}`` with the exit code, wall time and the tree's peak memory.
 
 The command runs in its own session, with ``CUDA_VISIBLE_DEVICES`` from the GPUs Ray assigned
 (empty for a CPU job) and the thread variables from its CPU share. Cancelling the task (Ray
 raises ``TaskCancelledError`` in it) stops the whole process tree before the task ends; if the
-worker itself dies (a lost node, ``kill -9``), the kernel kills the command's main process
-(``PR_SET_PDEATHSIG``), since nothing in the worker can run any more.
+worker itself dies (a crash, ``kill -9``, a forced cancel), nothing in it can run any more, so
+the job runs under a small keeper (``GUARD``) that sees the worker go and ends the job's
+process group.
 
 Importing this module imports neither Ray, torch nor lightning: Ray workers import it by
 reference, and it must stay cheap there.
@@ -21,14 +22,15 @@ reference, and it must stay cheap there.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from lightning_maxtp.pack.placement import job_env
@@ -40,24 +42,46 @@ FLUSH_INTERVAL_S = 0.25
 """Seconds between output chunks sent back (each one is a small object in Ray's store)."""
 _SAMPLE_INTERVAL_S = 0.5
 _STOP_GRACE_S = 5.0
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> Callable[[], None]:
-    """What the child runs before ``exec``: the kernel sends it SIGKILL when this worker dies.
-
-    ``prctl`` is looked up here, before the fork: the child of a threaded process must not
-    ``dlopen``. A worker that died before the call left the child orphaned already: it exits.
-    """
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def in_child() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(137)
-
-    return in_child
+GUARD = r"""
+import os, signal, sys, threading
+alive, status, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+if os.fork():  # the launcher ends at once: the guard is no child of the worker
+    os._exit(0)
+def watch():  # EOF: the worker is gone (crashed, killed, lost): end the job's whole group
+    while os.read(alive, 1):
+        pass
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, lambda *_: None)  # a stop sent to the group is for the job
+threading.Thread(target=watch, daemon=True).start()
+os.write(status, f"{os.getpid()}\n".encode())
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.close(alive)
+    os.close(status)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as err:
+        sys.stderr.write(f"# could not start: {err}\n")
+        os._exit(127)
+while True:
+    try:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        break
+    except InterruptedError:
+        continue
+os.write(status, f"{code}\n".encode())
+os._exit(0)
+"""
+"""The job's keeper on the node: a few lines of Python (no imports of ours). Started through a
+launcher that exits at once, so it is no child of the Ray worker: a worker that exits (a forced
+cancel) SIGKILLs its own children first, and the keeper must outlive it to act. It reads the
+worker's end of a pipe: end of file means the worker is gone, however it ended (a crash,
+``kill -9``, the kernel's OOM killer, a forced cancel), and it then kills the job's whole
+process group, grandchildren too. It runs the command, and writes its own pid, then the
+command's exit code (``-N`` for signal N), to a status pipe the task reads."""
 
 
 class _Output:
@@ -101,47 +125,43 @@ def job_task(
     import ray  # the worker has it; importing it at module level would cost the driver's CLI
 
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-    variables = {**job_env(threads, ",".join(gpu_ids)), **env}
+    ours = job_env(threads, ",".join(gpu_ids))
+    variables = {**ours, **env}
     start = {
         "kind": "start",
         "host": socket.gethostname(),
         "node_id": ray.get_runtime_context().get_node_id(),
         "gpus": gpu_ids,
-        "env": variables,
+        "env": ours,  # what pack set (the job's own env may hold secrets: not sent)
+        "worker_pid": os.getpid(),
     }
     started = time.monotonic()
+    argv = ["/bin/sh", "-c", str(command)] if shell else [str(arg) for arg in command]
     try:
-        popen = subprocess.Popen(
-            command if shell else list(command),
-            shell=shell,
-            cwd=cwd,
-            env={**os.environ, **variables},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - a prctl call, as Ray does itself
-        )
+        launcher, alive_w, status = _launch(argv, cwd, {**os.environ, **variables})
     except OSError as err:
         yield {**start, "pid": None}
         yield {"kind": "out", "data": f"# could not start: {err}\n".encode()}
         yield {"kind": "end", "exit_code": 127, "wall_s": 0.0, "peak_rss_bytes": None}
         return
-    assert popen.stdout is not None
-    tree = Tree(popen.pid)
-    output = _Output(popen.stdout.fileno())
+    assert launcher.stdout is not None
+    output = _Output(launcher.stdout.fileno())
+    launcher.wait()  # it forks the keeper and ends
+    tree = Tree(status.keeper(), group=launcher.pid)  # the launcher's session: the job's group
+    code: int | None = None
     try:
-        yield {**start, "pid": popen.pid}
+        yield {**start, "pid": tree.pid}
         sampled = 0.0
-        while (code := popen.poll()) is None:
+        while (code := status.code(FLUSH_INTERVAL_S)) is None and not status.closed:
             now = time.monotonic()
             if now - sampled >= _SAMPLE_INTERVAL_S:
                 tree.sample()
                 sampled = now
             if data := output.take():
                 yield {"kind": "out", "data": data}
-            time.sleep(FLUSH_INTERVAL_S)
         wall = time.monotonic() - started
+        if code is None:  # the keeper died without a word (killed itself): so did the job
+            code = -int(signal.SIGKILL)
         tree.signal(signal.SIGKILL)  # leftovers of a finished job are orphans: end them
         output.thread.join(timeout=2.0)
         if data := output.take():
@@ -149,20 +169,84 @@ def job_task(
         peak = tree.peak_rss_bytes or None
         yield {"kind": "end", "exit_code": code, "wall_s": wall, "peak_rss_bytes": peak}
     finally:
-        if popen.returncode is None:  # cancelled (or the consumer went away): stop the tree
-            _stop(popen, tree)
-        popen.stdout.close()
+        if code is None:  # cancelled (or the consumer went away): stop the tree
+            _stop(tree, status)
+        os.close(alive_w)  # past this, the keeper ends the group itself
+        status.close()
+        launcher.stdout.close()
 
 
-def _stop(popen: subprocess.Popen[bytes], tree: Tree) -> None:
-    """SIGTERM to the job's tree, SIGKILL after a grace period, then reap it."""
+def _launch(
+    argv: list[str], cwd: str | None, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], int, _Status]:
+    """Start the keeper (through its launcher) for ``argv``; the pipes' ends this side keeps."""
+    alive_r, alive_w = os.pipe()  # this worker holds alive_w: its death closes it
+    status_r, status_w = os.pipe()
+    try:
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", GUARD, str(alive_r), str(status_w), *argv],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(alive_r, status_w),
+        )
+    except OSError:
+        for fd in (alive_r, alive_w, status_r, status_w):
+            os.close(fd)
+        raise
+    os.close(alive_r)
+    os.close(status_w)
+    return launcher, alive_w, _Status(status_r)
+
+
+class _Status:
+    """The keeper's status pipe: its pid, then the job's exit code, one line each."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lines: list[int] = []
+        self._buffer = b""
+        self.closed = False
+
+    def _read(self, timeout_s: float) -> None:
+        if self.closed or not select.select([self._fd], [], [], timeout_s)[0]:
+            return
+        chunk = os.read(self._fd, 4096)
+        if not chunk:
+            self.closed = True
+            return
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        self._lines += [int(line) for line in lines if line.strip()]
+
+    def keeper(self) -> int:
+        """The keeper's pid (waits for its first line)."""
+        while not self._lines and not self.closed:
+            self._read(1.0)
+        return self._lines[0] if self._lines else -1
+
+    def code(self, timeout_s: float) -> int | None:
+        """The job's exit code once it has ended; ``None`` after ``timeout_s`` without it."""
+        if len(self._lines) < 2:
+            self._read(timeout_s)
+        return self._lines[1] if len(self._lines) > 1 else None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _stop(tree: Tree, status: _Status) -> None:
+    """SIGTERM to the job's group, SIGKILL after a grace period (or once it has ended)."""
     with contextlib.suppress(Exception):
         tree.sample()
     tree.signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        popen.wait(timeout=_STOP_GRACE_S)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while status.code(0.1) is None and not status.closed and time.monotonic() < deadline:
+        pass
     tree.signal(signal.SIGKILL)
-    popen.wait()
 
 
 def gpu_memory_bytes() -> int | None:
