@@ -210,34 +210,54 @@ class _RayRun:
         """Wait up to ``timeout_s`` for any task to send something; take all that came."""
         if not self.tasks:
             return
-        by_task = {id(a.task): a for a in self.tasks.values()}
-        ready, _ = self.ray.wait(
-            [a.task for a in self.tasks.values()], num_returns=len(by_task), timeout=timeout_s
+        self.ray.wait(
+            [a.task for a in self.tasks.values()], num_returns=len(self.tasks), timeout=timeout_s
         )
-        for task in ready:
-            self._drain(by_task[id(task)])
+        for attempt in list(self.tasks.values()):  # each drain returns at once
+            self._drain(attempt)
 
     def _drain(self, attempt: _Attempt) -> None:
-        """Handle every item ``attempt``'s task has sent so far, up to its end."""
-        exceptions = self.ray.exceptions
-        while self.ray.wait([attempt.task], timeout=0)[0]:
+        """Handle every item ``attempt``'s task has sent so far, then how it ended if it has.
+
+        Never blocks: ``next(generator)`` waits without a limit for an item that a cancelled or
+        failed task never sends, so items are taken only once ``next_ready()``, and the end is
+        read from ``completed()`` once that is ready.
+        """
+        task = attempt.task
+        while task.next_ready():
             try:
-                item = self.ray.get(next(attempt.task))
-            except StopIteration:
-                self._lost(attempt, "the task ended without a result")
-                return
-            except exceptions.TaskCancelledError:
-                self._cancelled(attempt)
-                return
-            except exceptions.RayTaskError as err:  # our task's own code raised
-                self._write(attempt, f"\n# the Ray task failed: {err}\n".encode())
-                self._done(attempt, code=None, status="failed", wall=self._wall(attempt))
-                return
-            except exceptions.RayError as err:  # its worker or node died
-                self._lost(attempt, f"{type(err).__name__}: {str(err).splitlines()[0]}")
+                item = self.ray.get(next(task))
+            except Exception as err:  # a failed task's last item is its error
+                self._failed(attempt, err)
                 return
             if self._handle(attempt, item):
                 return
+        if not self.ray.wait([task.completed()], timeout=0)[0]:
+            return  # still running
+        if task.next_ready():  # an item that came just before the end
+            self._drain(attempt)
+            return
+        try:
+            self.ray.get(task.completed(), timeout=1.0)
+        except self.ray.exceptions.GetTimeoutError:
+            return  # not here yet: the next poll reads it
+        except Exception as err:
+            self._failed(attempt, err)
+        else:
+            self._lost(attempt, "the task ended without a result")
+
+    def _failed(self, attempt: _Attempt, err: Exception) -> None:
+        """The task raised: cancelled by us, our own code failed, or its worker or node died."""
+        exceptions = self.ray.exceptions
+        if isinstance(err, exceptions.TaskCancelledError):
+            self._cancelled(attempt)
+        elif isinstance(err, exceptions.RayTaskError):  # our task's own code raised
+            self._write(attempt, f"\n# the Ray task failed: {err}\n".encode())
+            self._done(attempt, code=None, status="failed", wall=self._wall(attempt))
+        elif isinstance(err, exceptions.RayError):  # its worker or node died
+            self._lost(attempt, f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        else:
+            raise err
 
     def _handle(self, attempt: _Attempt, item: dict[str, Any]) -> bool:
         """Take one item of the task; whether it was the last."""

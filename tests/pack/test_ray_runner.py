@@ -209,6 +209,10 @@ def test_without_ray_the_error_names_the_extra(
 
 
 SLEEPER = "sleep 300 & echo $! > {pids}; echo started; wait"
+CLI_WITH_STACKS = (  # `maxtp`, with every thread's stack on SIGUSR1
+    "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    "from lightning_maxtp.cli import main; sys.exit(main())"
+)
 
 
 def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path: Path) -> None:
@@ -218,7 +222,7 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
     jobs_file.write_text(json.dumps(jobs))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     pack = subprocess.Popen(
-        [PY, "-m", "lightning_maxtp.cli", "pack", "--backend", "ray", "--address",
+        [PY, "-c", CLI_WITH_STACKS, "pack", "--backend", "ray", "--address",
          cluster.address_info["address"], "--jobs", str(jobs_file), "--log-dir",
          str(tmp_path / "logs")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -236,7 +240,14 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
         running = [int(p.read_text()) for p in pids if p.exists()]
         assert len(running) == 2
         pack.send_signal(signal.SIGINT)
-        out, err = pack.communicate(timeout=120)  # at most the 15 s grace, then forced
+        try:
+            out, err = pack.communicate(timeout=120)  # at most the 15 s grace, then forced
+        except subprocess.TimeoutExpired:
+            pack.send_signal(signal.SIGUSR1)  # where it hangs, into the failure's message
+            time.sleep(2)
+            pack.kill()
+            _, err = pack.communicate()
+            pytest.fail(f"maxtp pack did not stop within 120 s of SIGINT:\n{err[-6000:]}")
     finally:
         if pack.poll() is None:
             pack.kill()
@@ -245,5 +256,5 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
     assert "interrupted by SIGINT" in out
     statuses = sorted(line.split()[1] for line in out.splitlines()[1:4])
     assert statuses == ["not_run", "stopped", "stopped"], out
-    for pid in running:  # each job's `sleep 60`, a grandchild of the Ray worker
+    for pid in running:  # each job's `sleep 300`, in the job's process group
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
