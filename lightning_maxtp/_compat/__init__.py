@@ -1,6 +1,6 @@
-"""Every private Lightning and torch API the package uses, in one place, each behind a function.
+"""Every private Lightning, torch and Ray API the package uses, each behind a function.
 
-A Lightning or torch upgrade that moves one of these breaks here, and
+A Lightning, torch or Ray upgrade that moves one of these breaks here, and
 ``tests/compat/test_private_apis.py`` (one test per access) says which. No other module reads a
 private attribute of an object it does not own; ``tests/test_layout.py`` checks that.
 
@@ -16,8 +16,11 @@ private attribute of an object it does not own; ``tests/test_layout.py`` checks 
   (switching loader knobs mid-fit, measuring loaders).
 * ``torch_modules``: in-place compiled modules, fused optimizer kernels, LR scheduler marks and
   ``GradScaler`` state (the math knobs and the training-state snapshot).
+* ``ray_streams``: reading a Ray streaming task's next output without waiting (``maxtp pack
+  --backend ray``).
 
-Importing it imports neither torch nor lightning (``lightning_strategy`` does, when imported).
+Importing it imports neither torch, lightning nor Ray (``lightning_strategy`` imports the first
+two, when imported).
 """
 
 from lightning_maxtp._compat.version import (

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from lightning_maxtp._compat.ray_streams import next_ready_ref
 from lightning_maxtp.pack import proc
 from lightning_maxtp.pack.progress import (
     Progress,
@@ -38,6 +39,8 @@ __all__ = ["run_ray_jobs"]
 STOP_GRACE_S = 15.0
 """Seconds cancelled tasks get to stop their jobs (the task's own grace is 5 s) before they are
 killed with their workers."""
+GET_TIMEOUT_S = 1.0
+"""Most seconds one read of a task's item waits (it is in Ray's store, maybe on another node)."""
 
 
 def run_ray_jobs(
@@ -136,6 +139,8 @@ class _Attempt:
     """The task's first item, once the command runs."""
     started: float | None = None
     cancelled: bool = False
+    ref: Any = None
+    """A ref taken from the task whose object has not been read yet."""
 
 
 class _RayRun:
@@ -219,32 +224,30 @@ class _RayRun:
     def _drain(self, attempt: _Attempt) -> None:
         """Handle every item ``attempt``'s task has sent so far, then how it ended if it has.
 
-        Never blocks: ``next(generator)`` waits without a limit for an item that a cancelled or
-        failed task never sends, so items are taken only once ``next_ready()``, and the end is
-        read from ``completed()`` once that is ready.
+        Never waits on the task: Ray's own ways of reading a stream can wait without a limit on
+        a task that is stopping (see ``_compat.ray_streams``), and a stuck driver could not
+        stop the rest. A ref still on its way from its node is kept for the next poll.
         """
-        task = attempt.task
-        while task.next_ready():
+        while True:
+            if attempt.ref is None:
+                try:
+                    attempt.ref = next_ready_ref(attempt.task)
+                except StopIteration:  # ended with neither our last item nor an error
+                    self._lost(attempt, "the task ended without a result")
+                    return
+                if attempt.ref is None:
+                    return  # nothing more yet
             try:
-                item = self.ray.get(next(task))
-            except Exception as err:  # a failed task's last item is its error
+                item = self.ray.get(attempt.ref, timeout=GET_TIMEOUT_S)
+            except self.ray.exceptions.GetTimeoutError:
+                return
+            except Exception as err:  # a failed task's last ref is its error
+                attempt.ref = None
                 self._failed(attempt, err)
                 return
+            attempt.ref = None
             if self._handle(attempt, item):
                 return
-        if not self.ray.wait([task.completed()], timeout=0)[0]:
-            return  # still running
-        if task.next_ready():  # an item that came just before the end
-            self._drain(attempt)
-            return
-        try:
-            self.ray.get(task.completed(), timeout=1.0)
-        except self.ray.exceptions.GetTimeoutError:
-            return  # not here yet: the next poll reads it
-        except Exception as err:
-            self._failed(attempt, err)
-        else:
-            self._lost(attempt, "the task ended without a result")
 
     def _failed(self, attempt: _Attempt, err: Exception) -> None:
         """The task raised: cancelled by us, our own code failed, or its worker or node died."""

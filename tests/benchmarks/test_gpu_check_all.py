@@ -39,7 +39,8 @@ def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) ->
     assert sorted(names) == check_names() and len(names) == len(set(names))
     assert names[0] == "inspect"
     statuses = {s["name"]: (s["status"], s["detail"]) for s in data["scripts"]}
-    assert all(status == "ok" for status, _ in statuses.values()), statuses
+    not_ok = {name: got for name, got in statuses.items() if got[0] != "ok"}
+    assert not not_ok, (not_ok, proc.stdout[-3000:])
     assert data["failed"] == [] and proc.returncode == 0, proc.stderr[-2000:]
     assert all(s["exit_code"] == 0 and s["result"] is not None for s in data["scripts"])
     assert data["machine"]["cpus"] >= 1 and data["machine"]["device"]
@@ -61,7 +62,7 @@ def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) ->
         "real CUDA OOM": None,
         **on_ray,
     }
-    assert pack["sequential_s"] > 0 and pack["packed_s"] > 0
+    assert pack["sequential_s"] is None and pack["packed_s"] > 0  # one packed run without a GPU
 
 
 SCRIPTS = {

@@ -21,9 +21,9 @@ def local_ray(**init: Any) -> Iterator[Any]:
     ray.init sets variables of its own (RAY_AUTH_MODE): all are put back after, and every
     process it started is gone.
     """
+    saved = dict(os.environ)  # before the import, which sets RAY_CLIENT_MODE
     import ray
 
-    saved = dict(os.environ)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report sent anywhere
     context = ray.init(
         include_dashboard=False, log_to_driver=False,

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from lightning_maxtp.cli import main
-from lightning_maxtp.pack import JobSpec, run_jobs
+from lightning_maxtp.pack import JobSpec, ray_runner, run_jobs
 from lightning_maxtp.pack.ray_cluster import plan_ray_pack
 from tests.helpers.ray_local import local_ray
 from tests.pack.test_runner import SHOW_ENV, cpu_machine, py_job
@@ -169,6 +169,37 @@ def test_fail_fast_cancels_the_rest_and_max_parallel_holds_them_back(
     assert not (tmp_path / "03-late.log").exists()
 
 
+def test_a_task_that_ignores_its_cancel_is_killed_after_the_grace(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner never waits on a task: one whose stream has ended while its code is still
+    stopping (here: forever) must not hold up the others' end, only the grace period."""
+
+    def stubborn(command: Any, **_: Any) -> Any:  # stands in for ray_task.job_task
+        start = {"kind": "start", "host": "node", "node_id": None, "gpus": [], "env": {},
+                 "worker_pid": os.getpid(), "pid": os.getpid()}  # fmt: skip
+        yield start
+        if command == "fail":
+            yield {"kind": "end", "exit_code": 1, "wall_s": 0.0, "peak_rss_bytes": None}
+            return
+        yield {"kind": "out", "data": b"running\n"}
+        while True:  # a cancel is a KeyboardInterrupt here: ignored
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(0.05)
+
+    monkeypatch.setattr(ray_runner, "job_task", stubborn)
+    monkeypatch.setattr(ray_runner, "STOP_GRACE_S", 2.0)
+    jobs = [JobSpec("stay", name="stay"), JobSpec("fail", name="bad")]
+    began = time.monotonic()
+    # "bad" waits for "stay" to run: one CPU each, two CPUs
+    result = run_jobs(jobs, backend="ray", log_dir=tmp_path, fail_fast=True, max_parallel=2)
+    assert time.monotonic() - began < 60
+    stay, bad = result.jobs
+    assert bad.status == "failed" and stay.status == "stopped", result
+    log = Path(stay.log_path or "").read_text()
+    assert "killed with its Ray worker after the grace period" in log
+
+
 def test_a_job_no_node_holds_is_refused_before_anything_starts(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -256,5 +287,15 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
     assert "interrupted by SIGINT" in out
     statuses = sorted(line.split()[1] for line in out.splitlines()[1:4])
     assert statuses == ["not_run", "stopped", "stopped"], out
-    for pid in running:  # each job's `sleep 300`, in the job's process group
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
+    # Each job's `sleep 300`, in the job's group: ended by its task, or, past the grace, by its
+    # keeper once the worker is killed (a moment after maxtp pack has returned).
+    deadline = time.monotonic() + 15
+    while (alive := [p for p in running if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
