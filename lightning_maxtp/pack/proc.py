@@ -112,11 +112,6 @@ def start(job: JobSpec, env: dict[str, str], log_path: Path, header: str) -> Chi
     return Child(popen, log_path, log_file, offset, time.monotonic(), Tree(popen.pid))
 
 
-def sample(child: Child) -> None:
-    """Add new descendants to the job's tree and update its peak RSS."""
-    child.tree.sample()
-
-
 def reap(child: Child) -> int | None:
     """The exit code (``-N`` for signal N) if the job's main process ended, else ``None``."""
     try:
@@ -175,4 +170,32 @@ def killed_by(code: int | None, *, shell: bool) -> str | None:
     for sig in KILLING_SIGNALS:
         if code == -sig or (shell and code == 128 + sig):
             return sig.name
+    return None
+
+
+def rerun(
+    code: int, *, oom: bool, shell: bool, attempt: int, retries: int, retry_oom: bool
+) -> tuple[str, bool] | None:
+    """Whether a job's ended attempt runs again, and why (both backends' policy).
+
+    A job killed by a killing signal runs again while it has ``retries`` left; one that ran
+    out of GPU memory runs once more, with a GPU of its own, when ``retry_oom``.
+
+    Args:
+        code: The attempt's exit code.
+        oom: Whether its log shows a GPU out-of-memory error (``log_shows_oom``).
+        shell: Whether the command ran through ``/bin/sh -c`` (see ``killed_by``).
+        attempt: The attempt's number, from 1.
+        retries: The job's ``retries``.
+        retry_oom: The run's ``retry_oom``.
+
+    Returns:
+        ``None`` (the attempt is the job's last), or why it ends (``"killed by SIGKILL"``) and
+        whether the next attempt needs a GPU of its own.
+    """
+    killed = killed_by(code, shell=shell)
+    if killed is not None and attempt <= retries:
+        return f"killed by {killed}", False
+    if code != 0 and oom and retry_oom and attempt == 1:
+        return "out of GPU memory", True
     return None

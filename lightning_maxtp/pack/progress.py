@@ -6,6 +6,7 @@ Event lines, the live status line, and where each attempt's log goes.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -22,8 +23,6 @@ log = logging.getLogger(__name__)
 
 def default_log_dir() -> Path:
     """``maxtp-pack-logs/<date-time>-<pid>`` under the current directory."""
-    import os
-
     return Path("maxtp-pack-logs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 

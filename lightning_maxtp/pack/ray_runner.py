@@ -284,37 +284,33 @@ class _RayRun:
         assert kind == "end", item
         code, wall = item["exit_code"], float(item["wall_s"])
         attempt.log.close()
-        if self._retried(attempt, code, wall):
-            return True
         oom = code != 0 and proc.log_shows_oom(attempt.path, attempt.offset)
+        if self._retried(attempt, code, oom, wall):
+            return True
         status = "ok" if code == 0 else "oom" if oom else "failed"
         self._done(attempt, code=code, status=status, wall=wall, peak=item["peak_rss_bytes"])
         return True
 
-    def _retried(self, attempt: _Attempt, code: int, wall: float) -> bool:
-        """Submit the job again if it was killed (retries left) or ran out of GPU memory.
-
-        An OOM is rerun once, with a whole GPU, with ``retry_oom``. Never while stopping.
-        """
+    def _retried(self, attempt: _Attempt, code: int, oom: bool, wall: float) -> bool:
+        """Submit the job again when ``proc.rerun`` says so (an OOM: a whole GPU), not stopping."""
         if attempt.cancelled:
             return False
         demand, spec = attempt.demand, self.plan.jobs[attempt.demand.job]
-        killed = proc.killed_by(code, shell=spec.shell)
-        host = self._host(attempt)
-        if killed is not None and attempt.number <= spec.retries:
-            how = f"killed by {killed} on {host} after {wall:.1f} s"
-            again = demand
-        elif (
-            code != 0
-            and self.retry_oom
-            and attempt.number == 1
-            and proc.log_shows_oom(attempt.path, attempt.offset)
-        ):
-            how = f"out of GPU memory on {host} after {wall:.1f} s"
-            again = replace(demand, num_gpus=1.0 if demand.num_gpus else 0.0)
-        else:
+        again = proc.rerun(
+            code,
+            oom=oom,
+            shell=spec.shell,
+            attempt=attempt.number,
+            retries=spec.retries,
+            retry_oom=self.retry_oom,
+        )
+        if again is None:
             return False
-        self._again(attempt, how, again)
+        why, whole_gpu = again
+        how = f"{why} on {self._host(attempt)} after {wall:.1f} s"
+        self._again(
+            attempt, how, replace(demand, num_gpus=1.0) if whole_gpu and demand.num_gpus else demand
+        )
         return True
 
     def _again(self, attempt: _Attempt, how: str, demand: RayDemand) -> None:

@@ -193,7 +193,7 @@ class _Run:
         now = time.monotonic()
         for job, (placement, child) in list(self.running.items()):
             if now - child.sampled >= _SAMPLE_INTERVAL_S:
-                proc.sample(child)
+                child.tree.sample()
                 child.sampled = now
             with self.signals.deferred():  # a reaped job must reach the results
                 code = proc.reap(child)
@@ -201,9 +201,9 @@ class _Run:
                     continue
                 del self.running[job]
                 wall = now - child.started
-                if self._retried(placement.demand, code, child, wall):
-                    continue
                 oom = code != 0 and proc.log_shows_oom(child.log_path, child.log_offset)
+                if self._retried(placement.demand, code, oom, child.log_path, wall):
+                    continue
                 self._finish(
                     placement=placement,
                     child=child,
@@ -213,30 +213,24 @@ class _Run:
                     wall=wall,
                 )
 
-    def _retried(self, demand: Demand, code: int, child: proc.Child, wall: float) -> bool:
-        """Queue the job again if it was killed (retries left) or ran out of GPU memory.
-
-        An OOM is rerun once, alone, with ``retry_oom``. Says so and keeps how this attempt ended.
-        """
+    def _retried(self, demand: Demand, code: int, oom: bool, log: Path, wall: float) -> bool:
+        """Queue the job again when ``proc.rerun`` says so (an OOM: alone); say so."""
         spec = self.plan.jobs[demand.job]
-        attempt = self.attempts[demand.job]
-        killed = proc.killed_by(code, shell=spec.shell)
-        if killed is not None and attempt <= spec.retries:
-            how = f"killed by {killed} after {wall:.1f} s"
-            again = demand
-        elif (
-            code != 0
-            and self.retry_oom
-            and attempt == 1
-            and proc.log_shows_oom(child.log_path, child.log_offset)
-        ):
-            how = f"out of GPU memory after {wall:.1f} s"
-            again = dataclasses.replace(demand, alone=True)
-        else:
+        again = proc.rerun(
+            code,
+            oom=oom,
+            shell=spec.shell,
+            attempt=self.attempts[demand.job],
+            retries=spec.retries,
+            retry_oom=self.retry_oom,
+        )
+        if again is None:
             return False
+        why, alone = again
+        how = f"{why} after {wall:.1f} s"
         self.earlier.setdefault(demand.job, []).append(how)
-        self.pending.insert(0, again)
-        self.progress.event(f"{demand.name} {how}: running it again ({child.log_path} kept)")
+        self.pending.insert(0, dataclasses.replace(demand, alone=True) if alone else demand)
+        self.progress.event(f"{demand.name} {how}: running it again ({log} kept)")
         return True
 
     def _finish(

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from lightning_maxtp.pack import JobSpec, plan_pack, run_jobs
-from lightning_maxtp.pack.proc import killed_by
+from lightning_maxtp.pack.proc import killed_by, rerun
 from lightning_maxtp.resources import CpuInfo
 from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 
@@ -156,6 +156,25 @@ def test_a_killed_job_is_rerun_up_to_its_retries(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_killed_by_names_only_killing_signals(code: int | None, shell: bool, name: str) -> None:
     assert killed_by(code, shell=shell) == name
+
+
+@pytest.mark.parametrize(
+    ("code", "oom", "attempt", "retries", "retry_oom", "again"),
+    [
+        (-9, False, 1, 1, False, ("killed by SIGKILL", False)),
+        (-9, False, 2, 1, False, None),  # no retry left
+        (1, False, 1, 3, True, None),  # an error exit would fail again
+        (1, True, 1, 0, True, ("out of GPU memory", True)),
+        (1, True, 2, 0, True, None),  # an OOM is rerun once
+        (1, True, 1, 0, False, None),
+        (0, True, 1, 0, True, None),  # a success that printed an OOM is a success
+    ],
+)  # fmt: skip
+def test_rerun_is_one_policy_for_both_backends(
+    code: int, oom: bool, attempt: int, retries: int, retry_oom: bool, again: object
+) -> None:
+    kwargs = {"attempt": attempt, "retries": retries, "retry_oom": retry_oom}
+    assert rerun(code, oom=oom, shell=False, **kwargs) == again
 
 
 def test_backend_arguments_are_checked(tmp_path: Path) -> None:
