@@ -3,11 +3,11 @@
 Model FLOPs utilization divides by a peak. A datasheet's peak is the wrong divisor on a machine
 that runs at another clock or power limit, on a SKU the table does not know, or on a CPU; so
 the library measures its own: square matmuls of a few sizes per dtype (fp32 on a CPU, with the
-threads torch uses; fp32, tf32, bf16 and fp16 on a CUDA device), timed with the device
-synchronized, the best rate kept. It takes a few hundred milliseconds per dtype and is cached
-under the user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), keyed by the device,
-its driver and the torch version, and refreshed on request. The datasheet value, where known,
-is shown beside it as a cross-check and never used instead.
+threads torch uses; fp32, tf32, bf16 and fp16 on a CUDA device), timed in short synchronized
+groups, the fastest group of the best size kept. It takes a few hundred milliseconds per dtype
+and is cached under the user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), keyed by
+the device, its driver and the torch version, and refreshed on request. The datasheet value,
+where known, is shown beside it as a cross-check and never used instead.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ DATASHEET: dict[str, dict[str, float]] = {
 """Datasheet peaks by a name the device's name contains: a cross-check beside the measured
 peak, never the divisor."""
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the fastest group, not a window's mean
 
 
 @dataclass(frozen=True)
@@ -169,11 +169,18 @@ def _dtypes(device: str) -> dict[str, Any]:
 
 
 def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32: bool) -> float:
-    """FLOP/s of repeated ``size`` x ``size`` matmuls for about ``seconds`` (synchronized)."""
+    """The best FLOP/s of repeated ``size`` x ``size`` matmuls over about ``seconds``.
+
+    The runs are timed in short synchronized groups (one matmul on a CPU, four on a GPU, where a
+    synchronize costs more) and the fastest group gives the rate: a peak is what the device can
+    do, and a group slowed by another process or a clock dip says nothing about that, while an
+    average over the whole window would carry it into every MFU divided by this peak.
+    """
     import torch
 
     cuda = device.startswith("cuda")
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
+    group = 4 if cuda else 1
     # The precision setting, not the flag: "medium" read back through the flag would return
     # as "high", and the user's setting is put back as it was.
     before = torch.get_float32_matmul_precision()
@@ -183,18 +190,19 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32
         b = torch.randn(size, size, device=device, dtype=dtype)
         a @ b  # warm-up: kernel selection, first-call costs
         sync()
-        runs, start = 0, time.perf_counter()
+        fastest, start = float("inf"), time.perf_counter()
         while True:
-            a @ b
-            runs += 1
-            if runs % 4 == 0:
-                sync()
-                if time.perf_counter() - start >= seconds:
-                    break
-        elapsed = time.perf_counter() - start
+            began = time.perf_counter()
+            for _ in range(group):
+                a @ b
+            sync()
+            now = time.perf_counter()
+            fastest = min(fastest, now - began)
+            if now - start >= seconds:
+                break
     finally:
         torch.set_float32_matmul_precision(before)
-    return 2 * size**3 * runs / elapsed
+    return 2 * size**3 * group / fastest
 
 
 def _read_cache(path: Path) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 
 import pytest
@@ -54,19 +55,26 @@ def test_more_flops_than_the_peak_is_flagged_never_printed_above_100_percent() -
 
 @pytest.mark.serial  # a rate against a measured peak: the machine to itself
 def test_a_matmul_heavy_cpu_job_runs_between_5_and_100_percent_of_the_measured_peak() -> None:
-    peak = measure_peak("cpu", cache=False, seconds_per_size=0.05).rate("fp32")
-    assert peak is not None
     net = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(3)))
     x = torch.randn(256, 1024)
 
     def step() -> None:
         net(x).sum().backward()
 
+    def peak() -> float:
+        rate = measure_peak("cpu", cache=False, seconds_per_size=0.05).rate("fp32")
+        assert rate is not None
+        return rate
+
     flops = count_flops(step)
     step()  # warm-up
-    start, steps = time.perf_counter(), 6
-    for _ in range(steps):
+    # The peak before and after the job, the best kept, and the job's median step: a moment of
+    # noise on a shared runner slows one or the other, and the peak is the device's best.
+    best, times = peak(), []
+    for _ in range(6):
+        start = time.perf_counter()
         step()
-    rate = 256 * steps / (time.perf_counter() - start)
-    util = utilization(flops / 256, rate, peak, "fp32")
+        times.append(time.perf_counter() - start)
+    best = max(best, peak())
+    util = utilization(flops / 256, 256 / statistics.median(times), best, "fp32")
     assert util.mfu is not None and 0.05 < util.mfu <= 1.0, util

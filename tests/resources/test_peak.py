@@ -49,7 +49,14 @@ def test_the_peak_is_cached_per_device_and_refreshed_on_request(
 
 
 @pytest.mark.parametrize(
-    "content", ["{not json", '{"version": 1, "peaks": []}', '{"version": 99}', "[]"]
+    "content",
+    [
+        "{not json",
+        '{"version": 2, "peaks": []}',
+        '{"version": 1, "peaks": {}}',  # measured the old way: a window's mean
+        '{"version": 99}',
+        "[]",
+    ],
 )
 def test_a_corrupt_cache_is_ignored_with_a_warning(
     cache: Path, content: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -61,7 +68,7 @@ def test_a_corrupt_cache_is_ignored_with_a_warning(
         peak = measure_peak("cpu")
     assert peak.rate("fp32") == 1e9 and not peak.cached
     assert "ignoring the peak cache" in caplog.text
-    assert json.loads(cache.read_text())["version"] == 1, "rewritten whole"
+    assert json.loads(cache.read_text())["version"] == peak_mod._CACHE_VERSION, "rewritten whole"
 
 
 def test_a_cached_entry_with_no_rate_is_measured_again(
@@ -69,7 +76,8 @@ def test_a_cached_entry_with_no_rate_is_measured_again(
 ) -> None:
     monkeypatch.setattr(peak_mod, "matmul_rate", lambda *a: 2e9)
     key = measure_peak("cpu").key
-    cache.write_text(json.dumps({"version": 1, "peaks": {key: {"device": "x", "rates": []}}}))
+    entry = {"device": "x", "rates": []}
+    cache.write_text(json.dumps({"version": peak_mod._CACHE_VERSION, "peaks": {key: entry}}))
     with caplog.at_level(logging.WARNING, logger="lightning_maxtp.resources.peak"):
         assert measure_peak("cpu").rate("fp32") == 2e9
     assert "ignoring the cached peak" in caplog.text
