@@ -4,11 +4,13 @@ Made to be looked at: steps are points (a measurement that blocked training is a
 not a ramp), the step-time axis ends a little above the 95th percentile so one stall cannot
 flatten the rest (steps above it are marked on the upper edge and counted), the tuning phase is
 shaded apart from the monitoring after it, and knob changes are numbered markers whose
-descriptions are listed under the plots, where they cannot run over each other or the title.
+descriptions are listed under the plots (wrapped, never cut), where they cannot run over each
+other or the title. Legends sit beside the plots, not over their last seconds.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +53,8 @@ class TimelineSource(Protocol):
 
 _MAX_LISTED = 14
 """Knob changes listed under the plots; the rest are in ``report.md``."""
+_LISTING_WIDTH = 150
+"""Characters per listed line: about the plots' width in 7-point monospace."""
 _SPAN_STYLE = {
     "tuning": {"color": "#f2c14e", "alpha": 0.18},
     "blocked": {"color": "#888888", "alpha": 0.35, "hatch": "//"},
@@ -159,10 +163,23 @@ def _levels(xs: list[float], span: float, gap: float = 0.022) -> list[int]:
     return rows
 
 
+def _listing(changes: tuple[Any, ...], width: int = _LISTING_WIDTH) -> list[str]:
+    """The numbered descriptions under the plots, each wrapped (never cut) to ``width``."""
+    lines = []
+    for i, change in enumerate(changes[:_MAX_LISTED], 1):
+        text = (
+            f"{i:>2}  t={change.t_s:6.1f} s  {change.knob}: {change.old} -> {change.new}  "
+            f"({change.reason})"
+        )
+        lines += textwrap.wrap(text, width, subsequent_indent=" " * 16, break_on_hyphens=False)
+    if len(changes) > _MAX_LISTED:
+        lines.append(f"    ... {len(changes) - _MAX_LISTED} more in report.md")
+    return lines
+
+
 def _changes(axes: list[Any], listing: Any, report: TimelineSource, span: float) -> None:
     """Numbered markers on the plots; their descriptions in the listing under them."""
     top = axes[0]
-    lines = []
     times = [c.t_s for c in report.knob_changes]
     for i, (change, row) in enumerate(
         zip(report.knob_changes, _levels(times, span), strict=True), 1
@@ -179,15 +196,8 @@ def _changes(axes: list[Any], listing: Any, report: TimelineSource, span: float)
             fontsize=7,
             bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": "#555555"},
         )
-        if i <= _MAX_LISTED:
-            lines.append(
-                f"{i:>2}  t={change.t_s:6.1f} s  {change.knob}: {change.old} -> "
-                f"{change.new}  ({change.reason})"
-            )
-    if len(report.knob_changes) > _MAX_LISTED:
-        lines.append(f"    ... {len(report.knob_changes) - _MAX_LISTED} more in report.md")
     listing.axis("off")
-    text = "\n".join(line[:150] for line in lines) or "no knob changed"
+    text = "\n".join(_listing(report.knob_changes)) or "no knob changed"
     listing.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=7)
 
 
@@ -202,7 +212,7 @@ def plot_timeline(report: TimelineSource, path: Path) -> None:
     matplotlib.use("Agg", force=False)  # no display needed; never opens a window
     import matplotlib.pyplot as plt
 
-    listed = min(len(report.knob_changes), _MAX_LISTED + 1)
+    listed = max(1, len(_listing(report.knob_changes)))
     fig = plt.figure(figsize=(11, 6.2 + 0.14 * listed))
     grid = fig.add_gridspec(3, 1, height_ratios=[3, 1.8, 0.35 + 0.22 * listed], hspace=0.35)
     top = fig.add_subplot(grid[0])
@@ -219,6 +229,13 @@ def plot_timeline(report: TimelineSource, path: Path) -> None:
     fig.suptitle(f"bottleneck: {report.bottleneck} - {report.rate_text()}{where}", fontsize=11)
     for ax in (top, bottom):
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="upper right", fontsize=7, framealpha=0.85, markerscale=1.5)
+            # Beside the plot, not over it: the last seconds are the settings the fit kept.
+            ax.legend(
+                loc="upper left",
+                bbox_to_anchor=(1.005, 1.0),
+                fontsize=7,
+                markerscale=1.5,
+                frameon=False,
+            )
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

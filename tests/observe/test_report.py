@@ -80,6 +80,19 @@ def test_timeline_markers_never_share_a_row_closer_than_the_gap() -> None:
         assert all(b - a >= 0.22 for a, b in itertools.pairwise(xs))
 
 
+def test_the_listing_under_the_timeline_wraps_long_reasons_and_loses_no_word() -> None:
+    from lightning_maxtp.observe.timeline import _MAX_LISTED, _listing
+
+    reason = "undecided: +9.1% not beyond the noise (20%) or under the gain its windows " * 3
+    lines = _listing((KnobChange(16.2, "intra_op_threads", 1, 2, reason.strip()),), width=100)
+    assert len(lines) > 2 and all(len(line) <= 100 for line in lines)
+    assert all(line.startswith(" " * 16) for line in lines[1:])
+    assert " ".join(line.strip() for line in lines).endswith(reason.strip() + ")")
+    many = tuple(KnobChange(float(i), "gc", i, i + 1, "x") for i in range(_MAX_LISTED + 3))
+    assert _listing(many)[-1] == "    ... 3 more in report.md"
+    assert _listing(()) == []
+
+
 def test_timeline_draws_blocked_spans_stalls_and_many_changes(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     steps = [(0.1 * i, 0.02, 0.01) for i in range(1, 60)] + [(8.5, 3.0, 2.9)]  # one 3 s stall
