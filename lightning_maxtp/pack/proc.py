@@ -36,6 +36,8 @@ class Tree:
     peak_rss_bytes: int = 0
     group: int | None = None
     """The job's process group, when it is not ``pid`` (the root started no session)."""
+    root_counted: bool = True
+    """Whether the root's own memory is the job's (not for a keeper that only waits on it)."""
 
     def sample(self) -> None:
         """Add new descendants and update the peak RSS (the sum over the tree).
@@ -52,7 +54,8 @@ class Tree:
         total = 0
         for pid, proc in list(self.seen.items()):
             try:
-                total += proc.memory_info().rss
+                rss = proc.memory_info().rss
+                total += rss if pid != self.pid or self.root_counted else 0
             except psutil.Error:
                 self.seen.pop(pid, None)
         self.peak_rss_bytes = max(self.peak_rss_bytes, total)

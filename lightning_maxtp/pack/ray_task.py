@@ -147,7 +147,8 @@ def job_task(
     assert launcher.stdout is not None
     output = _Output(launcher.stdout.fileno())
     launcher.wait()  # it forks the keeper and ends
-    tree = Tree(status.keeper(), group=launcher.pid)  # the launcher's session: the job's group
+    # The launcher's session is the job's group; the keeper's few MiB are not the job's.
+    tree = Tree(status.keeper(), group=launcher.pid, root_counted=False)
     code: int | None = None
     try:
         yield {**start, "pid": tree.pid}
