@@ -53,9 +53,10 @@ class Tree:
                 self.seen.setdefault(proc.pid, proc)
         total = 0
         for pid, proc in list(self.seen.items()):
+            if pid == self.pid and not self.root_counted:
+                continue
             try:
-                rss = proc.memory_info().rss
-                total += rss if pid != self.pid or self.root_counted else 0
+                total += proc.memory_info().rss
             except psutil.Error:
                 self.seen.pop(pid, None)
         self.peak_rss_bytes = max(self.peak_rss_bytes, total)
