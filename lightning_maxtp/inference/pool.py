@@ -89,7 +89,9 @@ class BatchInferencePool(Adaptive):
         mode: ``"auto"`` (measured on a CPU, processes on GPUs), ``"processes"`` (always worker
             processes) or ``"inline"`` (always the calling process, on the plan's first device).
         backend: ``"local"`` (this machine) or ``"ray"`` (Ray actors across the cluster
-            ``ray.init()`` connected to, or a local one it starts; one actor per GPU with
+            ``ray.init()`` connected to, or the one ``RAY_ADDRESS`` names (``start()``
+            raises a ``ValueError`` in seconds where nothing answers there), or a local one
+            it starts; one actor per GPU with
             ``num_gpus=1``, CPU actors without GPUs; needs ``pip install
             'lightning-maxtp[ray]'``). On Ray, ``batch_size="auto"`` keeps the probe size (no
             search yet) and ``progress`` is ignored; ``close()`` stops the actors, not Ray.

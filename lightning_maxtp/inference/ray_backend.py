@@ -26,6 +26,7 @@ from lightning_maxtp.inference.coordinator import PREFETCH, Run, Slot
 from lightning_maxtp.inference.plan import Devices
 from lightning_maxtp.inference.ray_plan import RayRunner, check_ray_arguments, plan_ray_actors
 from lightning_maxtp.inference.records import InferencePlan, InferenceStats
+from lightning_maxtp.resources.ray_address import check_ray_address
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class RayBackend:
         import ray
 
         if not ray.is_initialized():
+            check_ray_address(None)  # a RAY_ADDRESS nobody answers at: an error, not minutes
             log.info(prefixed("Ray is not initialised: ray.init() starts a local Ray instance"))
             ray.init()
         if self._plan is None:

@@ -8,8 +8,6 @@ import Ray.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,16 +15,15 @@ from lightning_maxtp._units import GIB
 from lightning_maxtp.pack.ray_placement import RayNode, RayPlan, cluster_nodes, plan_ray
 from lightning_maxtp.pack.ray_task import gpu_memory_bytes
 from lightning_maxtp.pack.spec import JobSpec
+from lightning_maxtp.resources.ray_address import check_ray_address
 
-__all__ = ["NEEDS_RAY", "connect", "endpoint", "import_ray", "plan_ray_pack"]
+__all__ = ["NEEDS_RAY", "connect", "import_ray", "plan_ray_pack"]
 
 NEEDS_RAY = (
     "maxtp pack --backend ray needs Ray: pip install 'lightning-maxtp[ray]' "
     "(or pip install 'ray>=2.9')"
 )
 _GPU_PROBE_TIMEOUT_S = 60.0
-_CONNECT_TIMEOUT_S = 5.0
-"""How long a cluster's address may take to accept a connection before it is called wrong."""
 
 
 def import_ray() -> Any:
@@ -38,39 +35,6 @@ def import_ray() -> Any:
     return ray
 
 
-def endpoint(address: str | None) -> tuple[str, int] | None:
-    """The host and port ``address`` names.
-
-    ``None`` for a local or discovered cluster (``None``, ``"auto"``, ``"local"``), or a form
-    only Ray reads.
-    """
-    if address is None or address in ("auto", "local"):
-        return None
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def _check_reachable(address: str | None) -> None:
-    """Fail in seconds where nothing listens at ``address``: ``ray.init`` retries for minutes."""
-    name = "`address`"
-    if address is None and os.environ.get("RAY_ADDRESS"):
-        name, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
-    where = endpoint(address)
-    if where is None:
-        return
-    try:
-        with socket.create_connection(where, timeout=_CONNECT_TIMEOUT_S):
-            pass
-    except OSError as err:
-        raise ValueError(
-            f"{name} {address!r}: nothing accepts a connection at {where[0]}:{where[1]} "
-            f"({err or 'timed out'}); check the head node's address and port (`ray status` on "
-            "it prints them), or leave --address out for a local instance"
-        ) from err
-
-
 def connect(address: str | None) -> bool:
     """``ray.init(address)`` unless Ray is initialised; whether this call started it.
 
@@ -80,7 +44,7 @@ def connect(address: str | None) -> bool:
     ray = import_ray()
     if ray.is_initialized():
         return False
-    _check_reachable(address)
+    check_ray_address(address)
     try:
         # The jobs' output comes back through the tasks; the workers' prints would repeat it.
         ray.init(address=address, log_to_driver=False)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import psutil
+
+
+def closed_port() -> int:
+    """A local port nothing listens on once this returns (a Ray address nobody answers at)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _ray_processes() -> list[psutil.Process]:

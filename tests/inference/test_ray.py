@@ -11,10 +11,12 @@ import functools
 import itertools
 import os
 import signal
+import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from lightning_maxtp.inference import BatchInferencePool, InferenceError, ItemEr
 from lightning_maxtp.inference.ray_backend import NEEDS_RAY, RayBackend
 from lightning_maxtp.inference.ray_plan import RayDataPredictor, plan_ray_actors
 from tests.helpers.inference_models import POISON_LOAD, load_vector, make_model, reference
-from tests.helpers.ray_local import local_ray
+from tests.helpers.ray_local import closed_port, local_ray
 from tests.helpers.ray_models import broken_model
 
 ray = pytest.importorskip("ray")
@@ -34,6 +36,7 @@ ray = pytest.importorskip("ray")
 # go out first so that they do not end the parallel pass on one worker.
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[2]
 BATCH = 4
 IN_FLIGHT = 3
 
@@ -284,6 +287,31 @@ def test_the_pool_runs_on_ray(ray_instance: None) -> None:
         items = list(range(10))
         assert_matches(pool.map(items), items)
         assert pool.stats is not None and pool.stats.mode == "ray"
+
+
+def test_a_ray_address_nobody_answers_at_fails_the_start_in_seconds() -> None:
+    # In a fresh interpreter: this module's Ray is initialised, and the check runs before init.
+    port = closed_port()
+    code = (
+        "from lightning_maxtp.inference import BatchInferencePool\n"
+        "from tests.helpers.inference_models import load_vector, make_model\n"
+        "try:\n"
+        "    BatchInferencePool(make_model, backend='ray', devices='cpu', load=load_vector,\n"
+        "                       batch_size=4).start()\n"
+        "except ValueError as err:\n"
+        "    print(err)\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+        check=False,
+    )  # fmt: skip
+    assert f"RAY_ADDRESS '127.0.0.1:{port}': nothing accepts a connection" in done.stdout, (
+        done.stdout + done.stderr
+    )
+    assert time.monotonic() - start < 60, "Ray's own retries took over"
 
 
 def _rows(dataset: Any) -> dict[int, dict[str, Any]]:
