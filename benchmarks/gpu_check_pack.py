@@ -94,11 +94,12 @@ def main() -> int:
     on_device = all(f"device {device}" in line for line in seq_last + packed_last)
     ok = (seq is None or seq.num_failed == 0) and packed.num_failed == 0 and on_device
     check(rows, f"every job trained on {device}", ok, packed_last[0][:90])
-    ratio = None if seq_s is None else seq_s / packed_s
-    if ratio is None or seq_s is None:
+    ratio = None
+    if seq_s is None:
         check(rows, "packed vs one after another", None,
               f"skipped: no free GPU (or --smoke); packed {packed_s:.1f} s")  # fmt: skip
     else:
+        ratio = seq_s / packed_s
         check(rows, "packed vs one after another", ratio > 1.0,
               f"{seq_s:.1f} s -> {packed_s:.1f} s ({ratio:.2f}x), {args.jobs} jobs x "
               f"{args.steps} steps")  # fmt: skip
