@@ -1,7 +1,7 @@
 """Whether the Ray cluster an address names can be reached, asked in seconds, not minutes.
 
-``ray.init`` at an address where nothing listens retries for minutes before it fails (still
-retrying after 80 s on this project's CI machine), so ``maxtp pack --backend ray`` and
+``ray.init`` at an address where nothing listens retries for minutes (Ray 2.60 was still
+retrying when a 200 s timeout ended it), so ``maxtp pack --backend ray`` and
 ``BatchInferencePool(backend="ray")`` first open one TCP connection to the host and port the
 address (or ``RAY_ADDRESS``) names, and a refusal or a 5 s silence is a ``ValueError`` that
 names the address. Addresses that name no port (``auto``, ``local``) are left to Ray.
