@@ -87,11 +87,15 @@ def test_cpu_heavy_decode_plan_matches_the_exhaustive_sweep() -> None:
     failures: list[str] = []
     # Settings within a few % of each other: a neighbour can swap them once. Once in CI (the
     # serial pass, nothing else running) 2 workers at prefetch 4 ran 1.2x the plan's settings in
-    # both of two tries and the plan had not tried them: a third try decides.
+    # both of two tries and the plan had not tried them: a third try decides. Another time one
+    # try measured the main process at 1,129 samples/s and 2 workers at 471 (usually 500-940
+    # and 650-850 here) and kept the main process: that try is one failure, not the verdict.
     for _ in range(3):
         loaded_before = oversubscribed()
         plan = tune_dataloader(loader, max_workers=2, time_budget_s=4)
-        assert plan.num_workers >= 1, str(plan)  # workers overlap decoding with the step
+        if plan.num_workers < 1:  # workers overlap decoding with the step
+            failures.append(f"no worker chosen: {plan}")
+            continue
         failure = _worse_than_the_sweep(loader, plan, loaded_before)
         if failure is None:
             return
