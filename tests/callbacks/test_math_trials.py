@@ -193,8 +193,15 @@ with open({out!r} + f"/rank{{trainer.global_rank}}.json", "w") as f:
 
 @pytest.mark.slow
 def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
-    ranks = rank_outputs(_DDP_SCRIPT, tmp_path, timeout=240)
-    assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
+    for attempt in ("first", "second"):
+        (tmp_path / attempt).mkdir()
+        ranks = rank_outputs(_DDP_SCRIPT, tmp_path / attempt, timeout=240)
+        assert ranks[0]["trials"] == ranks[1]["trials"] and ranks[0]["trials"]
+        # Once in CI's parallel pass the loop's own time between steps read as data wait (two
+        # ranks beside three test workers on 2 cores): it tried one worker, reverted it, and the
+        # fit ended before bf16. The ranks still agreed; a second run decides.
+        if ranks[0]["trials"][0][0] != "num_workers":
+            break
     # The NaN under autocast fails the guard on both ranks alike; both restore the same state.
     assert ["precision", "bf16-mixed", "guarded"] in ranks[0]["trials"]
     assert ranks[0]["settings"] == ranks[1]["settings"]
