@@ -136,6 +136,28 @@ def rate_at(args: argparse.Namespace, batch: int) -> float | None:
     return None if plan is None else plan.samples_per_s(batch)
 
 
+def budget_kept(plan: BatchSizePlan, budget: float, fit_s: float, gpu: bool) -> tuple[bool, str]:
+    """Whether the search kept its time budget, and the times that say so.
+
+    The search's rule is that no trial starts once the trials before it spent the budget; a
+    trial that started in time may still end past it. On the GPU (a machine to ourselves) the
+    whole search must also end within 1.25x the budget. In ``--smoke`` mode the CPU is shared
+    with whatever else runs (CI runs three checks beside its test workers), so the wall time is
+    printed but only the rule is checked.
+    """
+    spent, late = 0.0, []
+    for trial in plan.trials:
+        if spent >= budget:
+            late.append(trial.batch_size)
+        spent += trial.seconds
+    ok = not late and (plan.seconds <= 1.25 * budget if gpu else True)
+    detail = (
+        f"{plan.seconds:.1f} s search of {budget:g} s, {fit_s:.1f} s fit call, "
+        f"{len(plan.trials)} trials"
+    )
+    return ok, detail + (f"; started after the budget: {late}" if late else "")
+
+
 def search_checks(
     rows: list[dict[str, Any]], args: argparse.Namespace, gpu: bool
 ) -> dict[str, Any]:
@@ -152,8 +174,7 @@ def search_checks(
     ok = bool(fastest and best and fastest >= (1 - plan.tolerance) * best)
     check(rows, "knee: smallest batch near the best", ok and
           plan.fastest_batch_size <= plan.safe_max_batch_size, detail)  # fmt: skip
-    took = f"{plan.seconds:.1f} s search, {seconds:.1f} s fit call, {len(plan.trials)} trials"
-    check(rows, "search time (budget)", plan.seconds <= 1.25 * args.budget, took)
+    check(rows, "search time (budget)", *budget_kept(plan, args.budget, seconds, gpu))
     check(rows, "weights bit-for-bit after search", found.weights_equal, "state_dict compared")
     if not gpu:
         check(rows, "GPU checks", None, "skipped: no GPU (ceiling, memory baseline, fraction)")
