@@ -150,7 +150,7 @@ def budget_kept(plan: BatchSizePlan, budget: float, fit_s: float, gpu: bool) -> 
         if spent >= budget:
             late.append(trial.batch_size)
         spent += trial.seconds
-    ok = not late and (plan.seconds <= 1.25 * budget if gpu else True)
+    ok = not late and (not gpu or plan.seconds <= 1.25 * budget)
     detail = (
         f"{plan.seconds:.1f} s search of {budget:g} s, {fit_s:.1f} s fit call, "
         f"{len(plan.trials)} trials"

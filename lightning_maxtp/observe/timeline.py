@@ -177,8 +177,10 @@ def _listing(changes: tuple[Any, ...], width: int = _LISTING_WIDTH) -> list[str]
     return lines
 
 
-def _changes(axes: list[Any], listing: Any, report: TimelineSource, span: float) -> None:
-    """Numbered markers on the plots; their descriptions in the listing under them."""
+def _changes(
+    axes: list[Any], listing: Any, lines: list[str], report: TimelineSource, span: float
+) -> None:
+    """Numbered markers on the plots; their descriptions (``lines``) in the listing under them."""
     top = axes[0]
     times = [c.t_s for c in report.knob_changes]
     for i, (change, row) in enumerate(
@@ -197,7 +199,7 @@ def _changes(axes: list[Any], listing: Any, report: TimelineSource, span: float)
             bbox={"boxstyle": "circle,pad=0.15", "fc": "white", "ec": "#555555"},
         )
     listing.axis("off")
-    text = "\n".join(_listing(report.knob_changes)) or "no knob changed"
+    text = "\n".join(lines) or "no knob changed"
     listing.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=7)
 
 
@@ -212,7 +214,8 @@ def plot_timeline(report: TimelineSource, path: Path) -> None:
     matplotlib.use("Agg", force=False)  # no display needed; never opens a window
     import matplotlib.pyplot as plt
 
-    listed = max(1, len(_listing(report.knob_changes)))
+    lines = _listing(report.knob_changes)
+    listed = max(1, len(lines))
     fig = plt.figure(figsize=(11, 6.2 + 0.14 * listed))
     grid = fig.add_gridspec(3, 1, height_ratios=[3, 1.8, 0.35 + 0.22 * listed], hspace=0.35)
     top = fig.add_subplot(grid[0])
@@ -224,7 +227,7 @@ def plot_timeline(report: TimelineSource, path: Path) -> None:
     end = max(ends) if ends else 0.0
     _spans([top, bottom], report, end)
     start = min(ends) if ends else 0.0
-    _changes([top, bottom], listing, report, max(end - start, 1e-6))
+    _changes([top, bottom], listing, lines, report, max(end - start, 1e-6))
     where = "" if report.final_windows is None else " under the final settings"
     fig.suptitle(f"bottleneck: {report.bottleneck} - {report.rate_text()}{where}", fontsize=11)
     for ax in (top, bottom):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 from benchmarks.gpu_check_batch_size import budget_kept
 from lightning_maxtp.batch_size.search import TrialResult
@@ -11,7 +11,7 @@ from lightning_maxtp.batch_size.search import TrialResult
 
 def plan(*seconds: float) -> Any:
     trials = tuple(TrialResult(2**i, True, 1.0, None, s) for i, s in enumerate(seconds))
-    return cast(Any, SimpleNamespace(trials=trials, seconds=sum(seconds)))
+    return SimpleNamespace(trials=trials, seconds=sum(seconds))
 
 
 def test_a_trial_started_in_time_may_end_past_the_budget_on_a_shared_cpu_only() -> None:
