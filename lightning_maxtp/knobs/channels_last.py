@@ -1,15 +1,19 @@
 """``channels_last``: NHWC memory layout for the module's 4-D weights and every batch's 4-D floats.
 
-The weights move with ``module.to(memory_format=...)`` and the optimizers' tensors follow
-their strides; the batches are converted by a step added to ``on_after_batch_transfer`` (the
-DataModule's when it overrides the hook, else the module's), after ``DeviceTransform``'s step
-(``CHANNELS_LAST_ORDER``), which turns uint8 batches into the floats converted here. When the
-fit ends the weights stay as they were last set (kept or not); the batch step is removed.
+The 4-D parameters and buffers change layout one by one (5-D ones, a ``Conv3d``'s, are left
+alone: they have no channels_last layout) and the optimizers' tensors follow their strides;
+the batches are converted by a step added to ``on_after_batch_transfer`` (the DataModule's when
+it overrides the hook, else the module's), after ``DeviceTransform``'s step
+(``CHANNELS_LAST_ORDER``), which turns uint8 batches into the floats converted here. Switching
+back to the value the fit started with puts every 4-D tensor back to the strides it had then
+(a module with some weights in NHWC by hand gets exactly those back) and removes the batch
+step, so a reverted trial leaves the step as it was, bit for bit. When the fit ends the weights
+stay as they were last set (kept or not); the batch step is removed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
@@ -43,6 +47,12 @@ class ChannelsLast(BaseKnob):
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0}
 
+    def __init__(self) -> None:
+        self._start: bool | None = None
+        """The knob's value before the first switch (``None``: not switched yet)."""
+        self._strides: dict[str, tuple[int, ...]] = {}
+        """Per 4-D parameter and buffer (by name): its strides before the first switch."""
+
     @override
     def current(self, fit: FitView) -> bool:
         nhwc = layouts(four_d(fit.module))
@@ -64,12 +74,21 @@ class ChannelsLast(BaseKnob):
     def apply(self, fit: FitView, value: Any) -> None:
         import torch
 
-        layout = torch.channels_last if value else torch.contiguous_format
-        fit.module.to(memory_format=layout)
+        module = fit.module
+        if self._start is None:
+            self._start = self.current(fit)
+            self._strides = {name: t.stride() for name, t in _four_d_tensors(module)}
+        back = bool(value) == self._start
+        if back:  # each tensor as the fit started, not all of them in one layout
+            start = self._strides
+            _relayout(module, lambda name, t: _strided(t, start.get(name)))
+        else:
+            layout = torch.channels_last if value else torch.contiguous_format
+            _relayout(module, lambda _, t: t.contiguous(memory_format=layout))
         for optimizer in fit.trainer.optimizers:
             state_layout(optimizer)
         owner = hook_owner(fit.trainer, _HOOK)
-        if value:  # after the device transform's step: it makes the floats converted here
+        if value and not back:  # after the device transform's step: it makes the floats here
             add_batch_step(owner, _HOOK, _STEP, to_channels_last, CHANNELS_LAST_ORDER)
         else:
             remove_batch_step(owner, _HOOK, _STEP)
@@ -77,6 +96,40 @@ class ChannelsLast(BaseKnob):
     @override
     def restore(self, fit: FitView) -> None:
         remove_batch_step(hook_owner(fit.trainer, _HOOK), _HOOK, _STEP)
+
+
+def _four_d_tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The module's 4-D parameters and buffers, by name (what a layout switch moves)."""
+    import itertools
+
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    return [(name, t) for name, t in tensors if t.dim() == 4]
+
+
+def _relayout(
+    module: torch.nn.Module, convert: Callable[[str, torch.Tensor], torch.Tensor]
+) -> None:
+    """Each 4-D parameter and buffer (and its gradient) becomes ``convert(name, tensor)``.
+
+    In place (``.data``), as ``Module.to`` does, so the optimizers keep the same parameters.
+    """
+    import torch
+
+    with torch.no_grad():
+        for name, t in _four_d_tensors(module):
+            t.data = convert(name, t.data)
+            if t.grad is not None:
+                t.grad = convert(name, t.grad)
+
+
+def _strided(t: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """``t``'s values with ``stride`` (``None``, or the strides it has: ``t`` itself)."""
+    import torch
+
+    if stride is None or t.stride() == stride:
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def four_d(module: torch.nn.Module) -> list[torch.Tensor]:

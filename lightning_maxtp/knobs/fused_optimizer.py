@@ -1,8 +1,10 @@
 """``fused_optimizer``: ``fused=True`` on the param groups of the optimizers that have a fused step.
 
 One kernel per optimizer step instead of one per tensor. Adam's ``step`` counters move to the
-parameters' device with it (a fused step keeps them there) and back when it is switched off.
-What is kept stays on the optimizer when the fit ends.
+parameters' device with it (a fused step keeps them there, in float32) and back when it is
+switched off, in the dtype torch gives a counter of the step in force (float64 when that is the
+default dtype), so a reverted trial leaves the optimizer as it was. What is kept stays on the
+optimizer when the fit ends.
 """
 
 from __future__ import annotations
@@ -103,11 +105,18 @@ def fused_groups(trainer: pl.Trainer) -> list[tuple[torch.optim.Optimizer, dict[
 
 
 def steps_to(optimizer: torch.optim.Optimizer, group: dict[str, Any], *, fused: bool) -> None:
-    """Adam's ``step`` counters live on the CPU, except for a fused step (on the param's device)."""
+    """Adam's ``step`` counters where and as torch keeps them for the step in force.
+
+    A fused step's on the parameter's device in float32; otherwise on the CPU (on the device
+    for a capturable step) in float64 when that is the default dtype, else float32: the rule
+    torch's optimizers apply when they create a counter or load one from a state dict.
+    """
     import torch
 
     on_device = fused or group.get("capturable")  # capturable steps keep it on the device
+    default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    dtype = torch.float32 if fused else default
     for p in group["params"]:
         state = optimizer.state.get(p)
         if state and torch.is_tensor(state.get("step")):
-            state["step"] = state["step"].to(p.device if on_device else "cpu", torch.float32)
+            state["step"] = state["step"].to(p.device if on_device else "cpu", dtype)

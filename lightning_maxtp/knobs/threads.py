@@ -61,7 +61,10 @@ class MainThreads:
             self.original = (self.current(), _blas_threads())
         self.restored_from = None
         torch.set_num_threads(threads)
-        _set_blas(threads)
+        start, blas = self.original
+        # Back to the fit's start (a reverted trial): the BLAS pools as they were then, which
+        # need not be torch's size.
+        _set_blas(blas if threads == start and blas is not None else threads)
 
     def restore(self) -> None:
         """Put the pools back as they were (idempotent)."""
