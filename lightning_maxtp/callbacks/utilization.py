@@ -1,13 +1,21 @@
 """What a fit's MFU is divided by and multiplied with: the device's peak, one batch's FLOPs.
 
-``FlopMeter`` reads the device's measured matmul peak when training starts (``resources.peak``:
-from the cache, else measured once before the first step: under a second on a CPU, a second
-or two on a GPU), and counts the FLOPs of the first training batch by running that one step
-under torch's ``FlopCounterMode`` (forward, backward and optimizer step). Later steps run
-without it. Rank zero counts (it is the rank that reports), but every rank leaves that first
-step out of its windows: under DDP the ranks close their windows at the same steps, since each
+Neither delays the fit's first step. ``FlopMeter`` reads the device's measured matmul peak from
+the cache when training starts (``resources.peak``). A device the cache does not know is
+measured by rank zero right after the first step, once there is a FLOP count to divide (a few
+tenths of a second on a CPU, a second or two on a GPU, then cached for later fits): the time
+belongs to no step, as the clock times the next one from the end of the measurement, and
+under DDP every rank waits for rank zero there (one barrier per fit, measured or not: the
+other ranks cannot tell whether rank zero's cache had the peak), so no rank's next step
+carries the wait in its all-reduce. The FLOPs are
+counted on the first training batch, run once under torch's ``FlopCounterMode`` (forward,
+backward and optimizer step; its cost is the Python dispatch of each op: a few milliseconds
+for a small conv net on a CPU, the price of one exact count). Later steps run without it. Rank
+zero counts and measures (it is the rank that reports), but every rank leaves that first step
+out of its windows: under DDP the ranks close their windows at the same steps, since each
 window ends in collectives. A user who knows the count passes ``flops_per_batch``: nothing is
-counted and no step is left out.
+counted, and the first step is left out all the same (its end is where a missing peak is
+measured, which the step must not carry).
 """
 
 from __future__ import annotations
@@ -50,21 +58,31 @@ class FlopMeter:
         self.enabled = enabled
         self.flops_per_batch = flops_per_batch
         self.peaks: tuple[tuple[str, float], ...] = ()
+        """The peak per dtype, ``(dtype, FLOP/s)``; ``()`` until read or measured (rank zero)."""
         self.flops_per_sample: float | None = None
         self.notes: list[str] = []
         """What a user should know: the peak measured now, or why there is no MFU."""
         self._counter: Any = None
         self._samples = 1
         self._active = False
-        """This rank counts (rank zero, MFU on, nothing counted yet)."""
+        """This rank counts and measures (rank zero, MFU on, nothing given up yet)."""
         self._skip_first = False
         """The fit's first batch is still to come and is left out of the windows."""
+        self._first_end = False
+        """The fit's first step is still to end (``after_first_step`` has work then)."""
+        self._unmeasured: str | None = None
+        """The device whose peak the cache lacked, to measure after the first step."""
 
     def start(self, trainer: pl.Trainer) -> tuple[tuple[str, float], ...]:
-        """Training starts: the device's peak per dtype (rank zero; ``()`` elsewhere or off)."""
+        """Training starts: the cached peak per dtype (``()`` when not cached, elsewhere or off).
+
+        Never measures: a peak the cache lacks is measured after the first step
+        (``after_first_step``).
+        """
         self.abort()
-        self.flops_per_sample, self.notes = None, []
-        self._skip_first = self.enabled and self.flops_per_batch is None  # on every rank
+        self.flops_per_sample, self.notes, self.peaks, self._unmeasured = None, [], (), None
+        self._skip_first = self.enabled  # on every rank
+        self._first_end = self.enabled
         self._active = self.enabled and trainer.is_global_zero
         if not self._active:
             return ()
@@ -73,27 +91,69 @@ class FlopMeter:
             self.notes.append(f"no MFU: no peak is measured on a {device.type} device")
             self._active = False
             return ()
+        from lightning_maxtp.resources.peak import cached_peak
+
+        name = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        try:
+            peak = cached_peak(name)
+        except Exception as err:  # MFU is a reading; the fit goes on without it
+            log.warning(prefixed("could not read the device's peak, no MFU: %r"), err)
+            self.notes.append(f"no MFU: the device's peak could not be read ({err!r})")
+            self._active = False
+            return ()
+        if peak is None:
+            self._unmeasured = name
+            return ()
+        self.peaks = tuple((r.dtype, r.flops_per_s) for r in peak.rates)
+        return self.peaks
+
+    def after_first_step(self, trainer: pl.Trainer) -> bool:
+        """After a step: when it is the fit's first to end, measure a peak the cache lacked.
+
+        Rank zero measures (when it has a FLOP count to divide: a fit without one never pays
+        for it) and caches it; under DDP every rank waits here for rank zero, measured or not,
+        so that no rank's next step carries the wait. Call it after ``after_batch``, on every
+        rank; it does nothing after the first step.
+
+        Returns:
+            Whether time passed here that belongs to no step: the next step is timed from now.
+        """
+        if not self._first_end:
+            return False
+        self._first_end = False
+        measured = False
+        if self._active and self._unmeasured is not None and self.flops_per_sample is not None:
+            self._measure_peak()
+            measured = True
+        if trainer.world_size > 1:  # the others would wait inside their next step
+            trainer.strategy.barrier("maxtp_peak")
+            return True
+        return measured
+
+    def _measure_peak(self) -> None:
+        """Measure the peak the cache lacked (rank zero, after the first step), and cache it."""
         from lightning_maxtp.resources.peak import measure_peak
 
+        name, self._unmeasured = self._unmeasured, None
+        assert name is not None  # only called with a device to measure
         started = time.perf_counter()
         try:
-            name = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
             peak = measure_peak(name)
         except Exception as err:  # MFU is a reading; the fit goes on without it
             log.warning(prefixed("could not measure the device's peak, no MFU: %r"), err)
             self.notes.append(f"no MFU: the device's peak could not be measured ({err!r})")
             self._active = False
-            return ()
-        if not peak.cached:
+            return
+        if not peak.cached:  # another process may have measured it since the fit started
             self.notes.append(
                 f"this device's matmul peak was measured in {time.perf_counter() - started:.1f} s "
-                "before the first step (cached for later fits; `maxtp inspect --peak` shows it)"
+                "after the first step, a pause outside every step (cached for later fits; "
+                "`maxtp inspect --peak` shows it)"
             )
         self.peaks = tuple((r.dtype, r.flops_per_s) for r in peak.rates)
-        return self.peaks
 
     def before_batch(self, trainer: pl.Trainer, samples: int) -> bool:
-        """Before a batch: whether this step is left out of the windows (the counted one).
+        """Before a batch: whether this step is left out of the windows (the fit's first).
 
         A counter still open here belongs to a batch that never ended (its module's
         ``on_train_batch_start`` returned -1): see ``abandon``.

@@ -103,9 +103,11 @@ def _decode_s(path: Path) -> float:
 def measure_sample_costs(dataset: Any, count: int = 8, budget_s: float = 1.0) -> SampleCosts | None:
     """Time ``count`` samples of a map-style dataset (``None`` when they cannot be indexed).
 
-    The samples are spread over the data set, and timing stops once ``budget_s`` is spent.
-    The random state the dataset's transforms use is not restored: call it under
-    ``order.preserved_rng``.
+    The samples are spread over the data set. The first is always timed; no later one starts
+    when the slowest so far says it would end past ``budget_s``, so the samples take at most
+    about ``budget_s`` (a caller in a fit's first step waits for them), plus the first one
+    when it alone is slower. The random state the dataset's transforms use is not restored:
+    call it under ``order.preserved_rng``.
     """
     from torch.utils.data import IterableDataset
 
@@ -120,7 +122,7 @@ def measure_sample_costs(dataset: Any, count: int = 8, budget_s: float = 1.0) ->
     indices = sorted({i * size // min(count, size) for i in range(min(count, size))})
     spent: list[float] = []
     for position, index in enumerate(indices):
-        if sum(spent) > budget_s:  # slow samples: the ones timed so far tell enough
+        if spent and sum(spent) + max(spent) > budget_s:  # the ones timed so far tell enough
             indices = indices[:position]
             break
         started = time.perf_counter()

@@ -6,8 +6,10 @@ the library measures its own: square matmuls of a few sizes per dtype (fp32 on a
 threads torch uses; fp32, tf32, bf16 and fp16 on a CUDA device), timed in short synchronized
 groups, the fastest group of the best size kept. It takes a few hundred milliseconds per dtype
 and is cached under the user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), keyed by
-the device, its driver and the torch version, and refreshed on request. The datasheet value,
-where known, is shown beside it as a cross-check and never used instead.
+the device, its driver and the torch version, and refreshed on request; ``cached_peak`` reads
+the cache without ever measuring. The matrices come from a generator of their own, so a
+measurement in the middle of a fit leaves the training's random numbers as they were. The
+datasheet value, where known, is shown beside it as a cross-check and never used instead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "Peak",
     "PeakRate",
     "cache_path",
+    "cached_peak",
     "device_key",
     "measure_peak",
 ]
@@ -186,8 +189,10 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32
     before = torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        a = torch.randn(size, size, device=device, dtype=dtype)
-        b = torch.randn(size, size, device=device, dtype=dtype)
+        # A generator of its own: the global one is the training's (dropout, shuffling).
+        generator = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+        b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
         a @ b  # warm-up: kernel selection, first-call costs
         sync()
         fastest, start = float("inf"), time.perf_counter()
@@ -205,8 +210,8 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int, seconds: float, tf32
     return 2 * size**3 * group / fastest
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
-    """The cache's entries; a corrupt or unreadable file is ignored with a warning."""
+def _read_cache(path: Path, *, warn: bool = True) -> dict[str, Any]:
+    """The cache's entries; a corrupt or unreadable file is ignored (with a warning if ``warn``)."""
     if not path.exists():
         return {}
     try:
@@ -218,7 +223,8 @@ def _read_cache(path: Path) -> dict[str, Any]:
             raise ValueError("`peaks` is not a mapping")
         return entries
     except (OSError, ValueError) as err:
-        log.warning("maxtp: ignoring the peak cache %s (%s); measuring again", path, err)
+        if warn:
+            log.warning("maxtp: ignoring the peak cache %s (%s); measuring again", path, err)
         return {}
 
 
@@ -249,6 +255,34 @@ def _write_cache(path: Path, entries: dict[str, Any]) -> None:
         log.warning("maxtp: could not write the peak cache %s (%s)", path, err)
 
 
+def _check_device(device: str) -> None:
+    import torch
+
+    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+        raise ValueError(f"`device` must be 'cpu' or an available 'cuda[:i]', got {device!r}")
+
+
+def cached_peak(device: str = "cpu") -> Peak | None:
+    """The cached peak of ``device`` (this driver and torch), or ``None``: never measures.
+
+    For a caller that must not wait for a measurement now (a fit about to take its first
+    step) and calls ``measure_peak`` later when this gives ``None``. A corrupt cache or entry
+    reads as ``None`` without a warning: ``measure_peak`` warns when it measures again.
+
+    Raises:
+        ValueError: For a device that is neither ``cpu`` nor an available ``cuda`` device.
+    """
+    _check_device(device)
+    _, key = device_key(device)
+    entry = _read_cache(cache_path(), warn=False).get(key)
+    if entry is None:
+        return None
+    try:
+        return _from_entry(entry)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def measure_peak(
     device: str = "cpu",
     *,
@@ -268,12 +302,9 @@ def measure_peak(
         ValueError: For a device that is neither ``cpu`` nor an available ``cuda`` device, or
             a ``seconds_per_size`` that is not positive.
     """
-    import torch
-
     if seconds_per_size <= 0:
         raise ValueError(f"`seconds_per_size` must be > 0, got {seconds_per_size}")
-    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
-        raise ValueError(f"`device` must be 'cpu' or an available 'cuda[:i]', got {device!r}")
+    _check_device(device)
     name, key = device_key(device)
     path = cache_path()
     entries = _read_cache(path) if cache else {}

@@ -14,17 +14,36 @@ from lightning_maxtp.callbacks.utilization import FlopMeter
 from tests.helpers.models import MatmulModel
 
 
-def test_every_rank_leaves_the_counted_first_step_out_only_rank_zero_counts() -> None:
+def test_every_rank_leaves_the_first_step_out_only_rank_zero_counts() -> None:
     # Under DDP each window ends in collectives: the ranks must close them at the same steps.
-    other = SimpleNamespace(is_global_zero=False)
+    other = SimpleNamespace(is_global_zero=False, world_size=1)
     meter = FlopMeter()
     assert meter.start(other) == ()  # type: ignore[arg-type]
     assert meter.before_batch(other, 32) is True  # type: ignore[arg-type]
     assert meter.after_batch() is None and meter._counter is None
+    assert meter.after_first_step(other) is False  # type: ignore[arg-type]  # nothing measured
     assert meter.before_batch(other, 32) is False  # type: ignore[arg-type]
     given = FlopMeter(flops_per_batch=1e9)
     given.start(other)  # type: ignore[arg-type]
-    assert given.before_batch(other, 32) is False  # type: ignore[arg-type]  # nothing counted
+    # Nothing counted, but the first step's end is where rank zero may measure the peak.
+    assert [given.before_batch(other, 32) for _ in range(2)] == [True, False]  # type: ignore[arg-type]
+
+
+def test_under_ddp_every_rank_waits_for_the_peak_after_the_first_step_once() -> None:
+    waits: list[str | None] = []
+    strategy = SimpleNamespace(barrier=waits.append)
+    other = SimpleNamespace(is_global_zero=False, world_size=2, strategy=strategy)
+    meter = FlopMeter()
+    meter.start(other)  # type: ignore[arg-type]
+    meter.before_batch(other, 32)  # type: ignore[arg-type]
+    meter.after_batch()
+    # The wait belongs to no step: the clock times the next one from here.
+    assert meter.after_first_step(other) is True  # type: ignore[arg-type]
+    assert meter.after_first_step(other) is False  # type: ignore[arg-type]
+    assert waits == ["maxtp_peak"]
+    off = FlopMeter(enabled=False)
+    off.start(other)  # type: ignore[arg-type]
+    assert off.after_first_step(other) is False and waits == ["maxtp_peak"]  # type: ignore[arg-type]
 
 
 class SkipsFirstBatch(MatmulModel):
