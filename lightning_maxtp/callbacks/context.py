@@ -55,6 +55,9 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
         "compiled": is_compiled(trainer.lightning_module),
     }
     loader = _first_loader(trainer.train_dataloader)
+    batches = trainer.num_training_batches
+    if isinstance(batches, int):  # inf for an unsized loader
+        ctx["epoch_batches"] = batches
     if loader is not None:
         ctx |= {
             "batch_size": loader.batch_size,
@@ -94,8 +97,11 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
 
 
 _OBSERVE = "lightning_maxtp.observe_batch"
-SAMPLE_COST_BUDGET_S = 0.25
-"""Most the first step waits while a few samples are timed (what a sample costs to load)."""
+SAMPLE_COST_BUDGET_S = 0.1
+"""About the most the first step waits while a few samples are timed (what a sample costs to
+load; their files' decode comes on top, usually a share of it): two to four samples of a
+photo dataset, enough for the share of decoding in a sample, which is what the data path is
+chosen by."""
 _OBSERVE_ORDER = -100
 """Before every other added step: the batch as the loader delivered it."""
 

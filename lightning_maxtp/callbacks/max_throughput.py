@@ -245,7 +245,9 @@ class MaxThroughputCallback(Callback):
         def transform(loader: object, stage_: str | None, trainer_: pl.Trainer) -> object:
             if previous is not None:
                 loader = previous(loader, stage_, trainer_)
-            return self._tuner.wrap(loader) if stage_ == "train" else loader
+            if stage_ == "train":
+                return self._tuner.wrap(loader)
+            return self._tuner.follow(loader) if stage_ == "val" else loader
 
         hook.install_dataloader_transform(trainer, transform)
         if self.verbose:
@@ -264,9 +266,12 @@ class MaxThroughputCallback(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._monitor.on_train_start(trainer, pl_module)
+        self._tuner.fit_started(trainer)
         self._tuner.adopt(trainer)
         if self._tuner.loader is not None:  # settings requested before the first batch
-            self._monitor.clock.update_context(**self._tuner.loader.settings())
+            self._monitor.clock.update_context(
+                **self._tuner.loader.settings(), loaders_following=self._tuner.followers
+            )
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -120,14 +120,22 @@ class StepClock(Callback):
         self._t0 = time.perf_counter()
         self._cuda = False
         self._unwatch: Callable[[], None] = lambda: None
-        self._short_epochs: bool | None = None
-        """Whether this fit's epochs are shorter than a window (decided at its first epoch)."""
+        self._since: tuple[float, float] | None = None
+        """(clock, thread CPU) of the last epoch start or validation end since the last step."""
+        self._from: float | None = None
+        """When the step under way is timed from (the last step's end, or an epoch start)."""
+        self._epochs: dict[tuple[Any, ...], tuple[float, float]] = {}
+        """``Window.epoch_parts_s`` last measured per loader settings (``_carry_epochs``)."""
 
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
         self._buf: dict[str, list[Any]] = {
-            k: [] for k in ("step", "wait", "samples", "wait_cpu", "compute_cpu", "events", "end")
-        }
+            k: []
+            for k in (
+                "step", "wait", "samples", "wait_cpu", "compute_cpu", "events", "end", "gap",
+                "boundary",
+            )
+        }  # fmt: skip
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -135,7 +143,7 @@ class StepClock(Callback):
         self.update_context(peaks=self.flops.start(trainer))
         self.gc.pauses.clear()
         self.gc.install()
-        self._short_epochs = None
+        self._since = None
         # What the first batch shipped and what a sample costs, for every later window.
         self._unwatch = watch_first_batch(
             trainer, lambda facts: self.update_context(data_facts=facts)
@@ -159,23 +167,17 @@ class StepClock(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The first fetch of an epoch includes starting workers: not a steady-state data wait,
-        # unless every epoch is shorter than a window. Then it is what each epoch pays, and
-        # without its first step a one-step epoch would never be measured at all: the step is
-        # timed from the epoch's start, across the boundary.
-        # Decided once per fit, against the first window's length: a monitor that widens its
-        # windows later must not start timing first steps it left out before.
-        if self._short_epochs is None:
-            batches = trainer.num_training_batches
-            self._short_epochs = isinstance(batches, int) and batches < self.window_steps
-        self._last_end = time.perf_counter() if self._short_epochs else None
-        self._last_end_cpu = time.thread_time()
+        # What an epoch start costs belongs to the job: the first fetch of an epoch starts its
+        # workers (unless they persist) and loads the first batches while the step waits. That
+        # step is timed with the rest, its data wait counted from here; the time since the
+        # last step (the epoch's end, validation) is its gap: outside every step, yet paid.
+        self._since = (time.perf_counter(), time.thread_time())
         self.flops.abandon()  # a counted batch whose end never came: validation ran since
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Validation inside an epoch runs between two training steps: not a data wait.
-        self._last_end = None
+        # Validation runs between two training steps: a gap, not a data wait.
+        self._since = (time.perf_counter(), time.thread_time())
 
     @override
     def on_train_batch_start(
@@ -185,9 +187,18 @@ class StepClock(Callback):
         self._start, self._start_cpu = now, cpu
         self._wait = None if self._last_end is None else now - self._last_end
         self._wait_cpu = cpu - self._last_end_cpu
+        self._from = self._last_end  # when the step's time starts
+        # The fit's first step starts its workers once: no epoch boundary that recurs.
+        self._gap, self._boundary = 0.0, self._since is not None and self._last_end is not None
+        if self._since is not None:
+            since, since_cpu = self._since
+            if self._last_end is None or since > self._last_end:
+                self._gap = 0.0 if self._last_end is None else since - self._last_end
+                self._from, self._wait, self._wait_cpu = since, now - since, cpu - since_cpu
+        self._since = None
         self._samples = self.samples_fn(batch)
         if self.flops.before_batch(trainer, self._samples):
-            self._wait = None  # counted under FlopCounterMode: slower than any other step
+            self._wait = None  # the first: counted under FlopCounterMode, slower than others
         self._events = _record_event() if self._cuda else None
 
     @override
@@ -203,10 +214,15 @@ class StepClock(Callback):
         flops = self.flops.after_batch()
         if flops is not None and self.context.flops_per_sample != flops:
             self.update_context(flops_per_sample=flops)
-        if self._wait is not None and self._last_end is not None:
+        if self.flops.after_first_step(trainer):  # a peak the cache lacked: no step's time
+            self.update_context(peaks=self.flops.peaks)
+            now, cpu = time.perf_counter(), time.thread_time()
+        if self._wait is not None and self._from is not None:
             events = None if self._events is None else (self._events, _record_event())
-            self._append(now, now - self._last_end, self._wait, cpu)
+            self._append(now, now - self._from, self._wait, cpu)
             self._buf["events"].append(events)
+            self._buf["gap"].append(self._gap)
+            self._buf["boundary"].append(self._boundary)
         self._last_end, self._last_end_cpu = now, cpu
         self._step += 1
         if len(self._buf["step"]) >= self.window_steps:
@@ -235,7 +251,7 @@ class StepClock(Callback):
         b = self._buf
         n = len(b["step"])
         t_end = self.elapsed_s()
-        span = (t_end - sum(b["step"]), t_end)
+        span = (t_end - sum(b["step"]) - sum(b["gap"]), t_end)
         ends = b["end"]
         start = ends[0] - b["step"][0]
         gc = self.gc.summary(
@@ -254,7 +270,10 @@ class StepClock(Callback):
             rank=trainer.global_rank,
             device_time_s=_ready_spans(b["events"]),
             gc=gc,
+            gap_s=tuple(b["gap"]),
+            epoch_start=tuple(b["boundary"]),
         )
+        window = self._carry_epochs(window)
         self.restart_window()
         self.closed += 1
         self.windows.append(window)
@@ -264,6 +283,22 @@ class StepClock(Callback):
             if spread is not None:
                 self.spreads.append(spread)
         self.on_window(trainer, window)
+
+    def _carry_epochs(self, window: Window) -> Window:
+        """A window with what an epoch boundary costs under its loader settings.
+
+        Remembered from the windows that held one, handed to those that held none (epochs
+        longer than windows: most hold none).
+        """
+        ctx = window.context
+        key = (ctx.num_workers, ctx.persistent_workers, ctx.prefetch_factor, ctx.loaders_following)
+        if any(window.epoch_start):
+            parts = window.epoch_parts_s
+            if parts is not None:
+                self._epochs[key] = parts
+            return window
+        carried = self._epochs.get(key)
+        return window if carried is None else dataclasses.replace(window, carried_epoch_s=carried)
 
     def on_window(self, trainer: pl.Trainer, window: Window) -> None:
         """Called on every rank when a window closes: passes it to the ``on_window`` listener."""
@@ -278,6 +313,10 @@ class StepClock(Callback):
     def open_window(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """Step times and samples of the window that has not closed yet."""
         return tuple(self._buf["step"]), tuple(self._buf["samples"])
+
+    def open_waits(self) -> tuple[float, ...]:
+        """Data waits of the window that has not closed yet."""
+        return tuple(self._buf["wait"])
 
     def close_window(self, trainer: pl.Trainer, *, min_steps: int = 1) -> Window | None:
         """Close the open window now (a fit ending mid-window), if it has ``min_steps`` steps.

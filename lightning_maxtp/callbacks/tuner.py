@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
+from lightning_maxtp.callbacks.drift import explain_drift, snapshot
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import (
@@ -33,8 +34,11 @@ from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.knobs.registry import GUARDED
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
+from lightning_maxtp.observe.job_model import JobModel
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
+from lightning_maxtp.observe.thresholds import DATA_WAIT_SHARE_STRONG
 from lightning_maxtp.observe.window import combined_rate
+from lightning_maxtp.tuning.admission import Admission, admit
 from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.decisions import (
@@ -49,7 +53,7 @@ from lightning_maxtp.tuning.decisions import (
     Try,
 )
 from lightning_maxtp.tuning.in_force import in_force
-from lightning_maxtp.tuning.sequential import early_steps
+from lightning_maxtp.tuning.sequential import baseline_decided, early_steps
 from lightning_maxtp.tuning.switches import (
     Switches,
     starts_workers,
@@ -78,6 +82,11 @@ if TYPE_CHECKING:
 __all__ = ["Tuner"]
 
 log = logging.getLogger(__name__)
+
+_FOLLOWED = ("num_workers", "persistent_workers")
+MIN_EPOCH_WINDOW = 8
+"""The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_epochs``)."""
+"""A validation loader follows the train loader when these were the same in both."""
 
 
 class Tuner:
@@ -146,6 +155,13 @@ class Tuner:
         """The changes already noted as not tried for want of budget."""
         self.switches = Switches()
         """The pending switch (charged when its settle steps end) and the restarts measured."""
+        self.window_steps = config.window_steps
+        """Steps per tuning window: the config's, or one epoch when epochs are shorter
+        (``fit_epochs``)."""
+        self._ref_state: dict[str, Any] = {}
+        """The process and knob state when the reference window was measured (``drift``)."""
+        self._val: list[SwitchableLoader] = []
+        """The fit's validation loaders that can be switched (``follow``)."""
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -184,8 +200,67 @@ class Tuner:
         self.loader = SwitchableLoader(loader, cpu_threads=cpus)  # type: ignore[arg-type]
         if previous is not None:  # the settings in force go on with the new loader
             self.loader.request(**previous.settings())
+            previous.followers = []
             previous.shutdown()
+        self._attach_followers()
         return self.loader
+
+    def follow(self, loader: object) -> object:
+        """A validation loader: it takes the train loader's settings when it was built alike.
+
+        Users build both loaders with the same workers and persistence; a worker count or a
+        persistence the loop keeps for the one then holds for the other, whose workers restart
+        at every validation run as the train loader's do at every epoch. Wrapped when it can
+        be switched; it follows once the train loader is known to match it.
+        """
+        if isinstance(loader, SwitchableLoader):  # ours, from an earlier fit of this Trainer
+            self._val.append(loader)
+        elif switchable_reason(loader) is None:
+            cpus = int(self.resources.cpu.effective) if self.resources else 1
+            loader = SwitchableLoader(loader, cpu_threads=cpus)  # type: ignore[arg-type]
+            self._val.append(loader)
+        self._attach_followers()
+        return loader
+
+    def _attach_followers(self) -> None:
+        """The validation loaders whose settings match the train loader's follow it."""
+        train = self.loader
+        if train is None:
+            return
+        own = {k: v for k, v in train.source.__dict__.items() if k in _FOLLOWED}
+        followers = [v for v in self._val if {k: getattr(v.source, k) for k in _FOLLOWED} == own]
+        for follower in followers:
+            if follower not in train.followers:
+                follower.request(**train.settings())  # what the train loader runs with now
+        train.followers = followers
+
+    @property
+    def followers(self) -> int:
+        """Validation loaders that follow the train loader's settings."""
+        return 0 if self.loader is None else len(self.loader.followers)
+
+    def fit_started(self, trainer: pl.Trainer) -> None:
+        """Fit the loop's steps to this fit: its epochs' length, what needs warming up.
+
+        Tuning windows are one epoch long when epochs are shorter than ``window_steps``: each
+        window then holds exactly one epoch boundary (its workers starting, validation), so
+        windows compare alike and what the epochs cost is in every one; and a short-epoch fit,
+        short in steps too, gets its verdicts sooner. Not under ``MIN_EPOCH_WINDOW`` steps:
+        too few to time a setting by. A loader without workers of a model not compiled has
+        nothing to warm up (``TuningLoop.nothing_to_warm``).
+        """
+        from lightning_maxtp._compat.torch_modules import is_compiled
+
+        loader = self.loader
+        workers = None if loader is None else loader.settings()["num_workers"]
+        if workers == 0 and not is_compiled(trainer.lightning_module):
+            self.loop.nothing_to_warm()
+        batches = trainer.num_training_batches
+        steps = self.config.window_steps
+        if isinstance(batches, int) and MIN_EPOCH_WINDOW <= batches < steps:
+            steps = batches
+        self.window_steps = steps
+        self.monitor.window_steps = steps
 
     def adopt(self, trainer: pl.Trainer) -> None:
         """Apply settings tuned earlier, when they match (rank zero decides under DDP)."""
@@ -203,9 +278,11 @@ class Tuner:
     def on_step(self, trainer: pl.Trainer) -> None:
         """A training step ended: a measured window may start at this boundary.
 
-        A step into a trial's first window, it may end early (``_cut_losing``).
+        A step into a trial's first window, it may end early (``_cut_losing``), and so may a
+        baseline that is data-bound beyond doubt (``_decided_baseline``).
         """
         self._cut_losing(trainer)
+        self._decided_baseline(trainer)
         loader = self.loader
         if self._settle_left and self.loop.finished and loader is not None and loader.switched:
             self._settle_left -= 1
@@ -223,7 +300,8 @@ class Tuner:
 
     def _mark_switch(self, settings: dict[str, Any]) -> None:
         """A switch to ``settings`` is requested now: its settle steps are charged later."""
-        starts = starts_workers(settings, self.knobs.context())
+        context = self.knobs.context()
+        starts = workers_after(settings, context) if starts_workers(settings, context) else 0
         self.switches.mark(len(self.monitor.clock.step_log), starts=starts)
 
     def _charge_switch(self) -> None:
@@ -240,30 +318,60 @@ class Tuner:
             self.cost = dataclasses.replace(self.cost, switch_s=self.cost.switch_s + excess)
 
     def _cut_losing(self, trainer: pl.Trainer) -> None:
-        """Close a trial's first window early when its steps so far already lose.
+        """Close a trial's first window early when its first steps already decide it.
 
-        Read once per trial, after ``early_steps`` steps of its first window (every rank counts
-        the same steps), so that under DDP every rank takes part in the one broadcast at the
-        same step.
+        They lose (``TuningLoop.losing``), or confirm its predicted gain
+        (``TuningLoop.winning``). Read once per trial, after ``early_steps`` steps of its first
+        window (every rank counts the same steps), so that under DDP every rank takes part in
+        the one broadcast at the same step.
         """
         loop, clock = self.loop, self.monitor.clock
         if not loop.in_first_trial_window:
             return
-        if clock.open_steps != early_steps(self.config.window_steps):
+        if clock.open_steps != early_steps(self.window_steps):
             return
         if self._early_checked == len(loop.trials):
             return  # this trial's window was read already (a step since went unrecorded)
         self._early_checked = len(loop.trials)
-        if clock.open_steps >= self.config.window_steps:
+        if clock.open_steps >= self.window_steps:
             return  # the window closes at this step anyway
-        losing = loop.losing(*clock.open_window()) if trainer.is_global_zero else None
+        early = None
+        if trainer.is_global_zero:
+            steps = clock.open_window()
+            early = "losing" if loop.losing(*steps) else "winning" if loop.winning(*steps) else None
         if trainer.world_size > 1:
-            losing = trainer.strategy.broadcast(losing, src=0)
-        if losing:
+            early = trainer.strategy.broadcast(early, src=0)
+        if early == "losing":
             loop.cut_short()
             self.say(
                 f"{loop.trial_knob}: slower on every one of {clock.open_steps} steps: cut short"
             )
+            clock.close_window(trainer)
+        elif early == "winning":
+            self.say(
+                f"{loop.trial_knob}: faster as predicted on every one of {clock.open_steps} "
+                "steps: judged now"
+            )
+            clock.close_window(trainer)
+
+    def _decided_baseline(self, trainer: pl.Trainer) -> None:
+        """Close the baseline window early when its first steps are data-bound beyond doubt.
+
+        Read once, after ``early_steps`` steps (every rank counts the same steps; rank zero's
+        steps decide, broadcast, so every rank closes at the same step).
+        """
+        clock = self.monitor.clock
+        if self.loop.phase != "baseline" or clock.open_steps != early_steps(self.window_steps):
+            return
+        if clock.open_steps >= self.window_steps:
+            return  # the window closes at this step anyway
+        decided = None
+        if trainer.is_global_zero:
+            decided = baseline_decided(clock.open_window()[0], clock.open_waits())
+        if trainer.world_size > 1:
+            decided = trainer.strategy.broadcast(decided, src=0)
+        if decided:
+            self.say(f"baseline: every one of {clock.open_steps} steps waits on data: decided")
             clock.close_window(trainer)
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
@@ -272,6 +380,10 @@ class Tuner:
         check = self.math_trials.guard_window(trainer, self.window_losses)
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
+            self._ref_state = snapshot(self.math)  # what a later drift is compared with
+            model = JobModel.from_window(window)
+            if model is not None:  # what loading costs, for windows too short to read it
+                self.monitor.clock.update_context(loading_s=(model.load_s, model.load_cpu_s))
             self._budget(trainer, window)
             self.say(
                 f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
@@ -348,6 +460,7 @@ class Tuner:
             device = self.monitor.context.device_type
             loop.skipped.clear()
             change = loop.next_try(tuple(found), settings, device_type=device)
+            change = None if change is None else self._sized(change)
             if change is not None and not loop.time_left():
                 change = None
             if change is not None and not self._affordable(change, settings):
@@ -359,21 +472,34 @@ class Tuner:
             return
         self.final.pop()  # the window becomes the reference
         loop.resume(window, found)
-        self.monitor.window_steps = self.config.window_steps
+        self.monitor.window_steps = self.window_steps
         self._tuning_span.append(self.monitor.elapsed_s())
         self.say(f"one more trial after tuning: {top_line(found)}")
         self._start_trial(trainer, change)
 
     def watch_drift(self, window: Window) -> None:
-        """After tuning: note (once) a window much slower than the tuned rate."""
+        """After tuning: explain (once) a window much slower than the tuned rate.
+
+        ``drift.explain_drift`` checks what the windows and the process show: a setting or the
+        process's state that differs from the reference window's (a revert left something
+        behind), other processes taking CPUs, a few long steps. What it finds goes in the
+        note; a drift nothing explains says so.
+        """
         tuned = window_rate(self.loop.ref) if self.loop.ref is not None else None
         slow = tuned and window_rate(window) < (1 - self.config.drift_share) * tuned
-        if slow and not self._drifted:
+        if slow and not self._drifted and self.loop.ref is not None:
             self._drifted = True
+            cause = explain_drift(self.loop.ref, window, self._ref_state, snapshot(self.math))
+            why = (
+                str(cause)
+                if cause is not None
+                else "no cause shown (settings, process state, other processes' CPU use and "
+                "long steps checked)"
+            )
             last = self.monitor.diagnoses[-1] if self.monitor.diagnoses else ()
             self.note(
                 f"throughput drifted at step {window.first_step}: "
-                f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned; "
+                f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned: {why}; "
                 f"{top_line(last)}"
             )
 
@@ -489,6 +615,9 @@ class Tuner:
         self.loop.skipped.clear()  # the budget may pay now for what it could not before
         while True:
             decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
+            proposed = decision
+            if isinstance(decision, Try) and decision is not plan and decision is not math_knob:
+                decision = self._sized(decision)
             if isinstance(decision, MeasureLoader):
                 plan = self._plan_change()
             elif isinstance(decision, AskMath):
@@ -505,11 +634,44 @@ class Tuner:
                 if decision is math_knob:
                     math_knob = None
                 else:
-                    self.loop.skipped |= {(k, repr(v)) for k, v in decision.settings.items()}
+                    for change in (decision, proposed):  # as proposed, and as sized
+                        assert isinstance(change, Try)
+                        self.loop.skipped |= {(k, repr(v)) for k, v in change.settings.items()}
             elif isinstance(decision, Stop) and unpaid and decision.reason.startswith(NOTHING_LEFT):
                 return Stop(f"tuning cost budget too small for the next trial: {unpaid}")
             else:
                 return decision
+
+    def _sized(self, change: Try) -> Try:
+        """A modelled worker change sized to the rest of this fit.
+
+        The diagnosis ranks worker counts by their steady rate; here the job model weighs the
+        start of more workers (as this fit's starts measured them) against the samples left
+        (``JobModel.choose``): a short fit gets fewer, a long one as many as pay.
+        """
+        ref, cost = self.loop.ref, self._cost()
+        if change.knob != "num_workers" or change.expected_gain is None or ref is None:
+            return change
+        model = JobModel.from_window(ref)
+        batches = cost.batches
+        if model is None or batches is None or not math.isfinite(batches) or not ref.steps:
+            return change
+        samples_left = max(0.0, batches - self.loop.steps) * sum(ref.samples) / ref.steps
+        choice = model.choose(
+            most=self.config.max_workers, samples_left=samples_left,
+            start_s=self.switches.per_start,
+        )  # fmt: skip
+        settings = {"num_workers": choice.workers}
+        if choice.workers == model.workers or settings == change.settings:
+            return change
+        persistent = model.persistent
+        gain = (
+            model.fit_seconds_per_sample(model.workers, persistent)
+            / (model.fit_seconds_per_sample(choice.workers, persistent))
+            - 1
+        )
+        why = f"{change.why}; for the {samples_left:.0f} samples left, {choice.workers} workers"
+        return Try(change.knob, settings, why, round(gain, 4))
 
     def _risk_s(self, change: Try, settings: dict[str, Any]) -> float:
         """What a trial of ``change`` costs at worst before a window can revert it (predicted).
@@ -520,11 +682,27 @@ class Tuner:
         ref = self.loop.ref
         step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
         starts = [self.switches.start_s(n) for n in worker_starts(change.settings, settings)]
-        return trial_risk_s(starts, early_steps(self.config.window_steps), step_s)
+        return trial_risk_s(starts, early_steps(self.window_steps), step_s)
 
-    def _affordable(self, change: Try, settings: dict[str, Any]) -> bool:
-        """Whether the budget left pays for a trial of ``change`` at worst (``_risk_s``)."""
-        return self._cost().left_s >= self._risk_s(change, settings)
+    def _affordable(self, change: Try, settings: dict[str, Any]) -> Admission | None:
+        """The rule that lets a trial of ``change`` start at its worst (``_risk_s``), or ``None``.
+
+        Within the budget left, or past it on a strong prediction (``admission.admit``).
+        """
+        return self._admit(self._risk_s(change, settings), change.expected_gain)
+
+    def _admit(self, risk_s: float, expected_gain: float | None) -> Admission | None:
+        """``admission.admit`` with this fit's budget, its rest and the evidence in force.
+
+        Strong evidence: the reference window waits for data above ``DATA_WAIT_SHARE_STRONG``
+        (the job model's prediction rests on the loading it measured there).
+        """
+        cost, ref, base = self._cost(), self.loop.ref, self.loop.baseline
+        rest = cost.remaining_s(self.loop.steps)
+        if rest is not None and ref is not None and base and window_rate(ref) > 0:
+            rest *= base / window_rate(ref)  # at the rate in force, not the baseline's
+        strong = ref is not None and ref.data_wait_share >= DATA_WAIT_SHARE_STRONG
+        return admit(risk_s, cost.left_s, expected_gain=expected_gain, rest_s=rest, strong=strong)
 
     def _remeasure_paid(self, step: Remeasure) -> bool:
         """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.
@@ -541,7 +719,7 @@ class Tuner:
             return True
         need = self.switches.start_s(workers_after(target, context))
         left = self._cost().left_s
-        if left >= need:
+        if self._admit(need, self.loop.trial_expected_gain) is not None:
             return True
         self.note(
             f"{self.loop.trial_knob}: re-measuring {fmt_settings(target)} would start workers "
@@ -634,6 +812,7 @@ class Tuner:
         assert self.loader is not None
         knob, new, why = change.knob, change.settings, change.why
         old = self.knobs.current(new)
+        admitted = self._affordable(change, self.knobs.context())
         self._last_knob, self._last_old = knob, old
         if self.final:  # one more trial after tuning: its windows are under the old settings
             self._before_resume = [*(self._before_resume or []), *self.final]
@@ -651,9 +830,11 @@ class Tuner:
             trainer.global_step,
             settle_steps=self.math_trials.settle_steps(knob),
             expected_gain=change.expected_gain,
+            admitted=admitted,
         )
         self.record_change(knob, old, new, f"trying: {why}")
-        self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why})")
+        started = "" if admitted is None or admitted.rule == "budget" else f"; started {admitted}"
+        self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why}{started})")
 
     def _continue_trial(
         self, verdict: Step, window: Window, found: tuple[Any, ...], check: Any = None
@@ -686,6 +867,8 @@ class Tuner:
             self._mark_switch(old)
             self.knobs.request(**old)
             self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
+        if trial.kept:
+            self._ref_state = snapshot(self.math)
         if self._before_resume is not None:  # one more trial: unless kept, the windows before
             if not trial.kept:  # it are still under the settings in force
                 self.final[:0] = self._before_resume

@@ -128,6 +128,9 @@ class SwitchableLoader(DataLoader[Any]):
         self._pending: dict[str, Any] | None = None
         self._current: Any = None
         self.switches = 0
+        self.followers: list[SwitchableLoader] = []
+        """Loaders that take every setting this one is asked for (the validation loaders
+        built like the train loader): their workers restart with the same settings."""
 
     @property
     def feed(self) -> BatchFeed:
@@ -151,6 +154,8 @@ class SwitchableLoader(DataLoader[Any]):
         unknown = set(settings) - set(LOADER_KNOBS)
         assert not unknown, unknown
         self._pending = (self._pending or {}) | settings
+        for follower in self.followers:  # each takes them at its next iterator
+            follower.request(**settings)
 
     def _init_fn(self, workers: int) -> Any:
         if workers == 0:
@@ -178,7 +183,9 @@ class SwitchableLoader(DataLoader[Any]):
         self.switches += 1
 
     def shutdown(self) -> None:
-        """Stop the workers of the current iterator (idempotent)."""
+        """Stop the workers of the current iterator, and its followers' (idempotent)."""
+        for follower in self.followers:
+            follower.shutdown()
         for it in (self._current, cached_iterator(self)):
             shutdown_workers(it)
         drop_cached_iterator(self)

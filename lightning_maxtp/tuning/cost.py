@@ -22,8 +22,11 @@ __all__ = ["TuningCost", "capped_s", "lost_s"]
 
 
 def capped_s(window: Window) -> float:
-    """A window's time as its rate counts it (a stall capped: ``window.robust_rate``)."""
-    rate = window.samples_per_s
+    """A window's time as the loop counts it (``Window.fit_samples_per_s``).
+
+    A stall capped, each epoch's cost between steps included.
+    """
+    rate = window.fit_samples_per_s
     return sum(window.samples) / rate if rate > 0 else 0.0
 
 

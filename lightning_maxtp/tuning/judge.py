@@ -109,7 +109,7 @@ def judged(
     re-measured, and ``lost_s`` what the slower side's windows cost beyond the faster rate.
     """
     olds, news = windows[0::2], windows[1::2]
-    rates = [w.samples_per_s for w, _ in windows]
+    rates = [w.fit_samples_per_s for w, _ in windows]
     before = sum(rates[0::2]) / len(olds)
     after = sum(rates[1::2]) / len(news) if news else None
     if len(rates) >= 6:  # three pairs are judged on medians: report what decided

@@ -1,6 +1,12 @@
 """Deciding a trial as soon as the evidence allows, either way (pure, plain numbers).
 
-Two shortcuts beside ``judge``'s alternating windows:
+Three shortcuts beside ``judge``'s alternating windows:
+
+- **A baseline beyond doubt ends early.** When every one of its first ``EARLY_STEPS`` (or
+  more) steps waits for data at least ``DATA_WAIT_SHARE_STRONG`` of its time, the job is
+  data-bound beyond what the rest of a window could change: the loop decides from there. On a
+  job whose steps wait 0.1 s on reads, 15 more baseline steps at no workers are 1.5 s of a fit
+  that more workers finish in a few seconds.
 
 - **A losing trial stops early.** Once a few steps of a trial window are in, and every one of
   them is slower per sample than the reference window's median step while their median is
@@ -8,12 +14,20 @@ Two shortcuts beside ``judge``'s alternating windows:
   When the knob does nothing, each step is slower than the reference median with a chance of
   one half: all of ``EARLY_STEPS`` steps are with a chance of 1 in 16, and the median's margin
   on top makes a wrong early revert rarer still (and a wrong revert only forgoes a gain).
+- **A predicted gain may be confirmed by a window's first steps.** When every one of the
+  first ``EARLY_STEPS`` steps of a trial is faster per sample than the reference's median step
+  by at least ``CONFIRM_GAIN`` and half the prediction, and so is their rate, the window closes
+  there and is judged as the first window below (its mechanism must show too). A knob without
+  effect passes each step's test with a chance of a half at most, all four with 1 in 16, and
+  the margin on top makes it rarer still.
 - **A predicted gain, confirmed, is kept at once.** A trial whose gain was predicted by a
   measurement of its own (the loader measured alone: by ``tune_dataloader``, or loading in the
-  main process while the step waits) is kept after its first window when that window gains at
-  least ``CONFIRM_GAIN`` and half the prediction over the reference, and the mechanism shows:
-  the data wait per sample the change was meant to remove fell to at most half. A knob without
-  effect leaves the data wait where it was, so the noise of the rates alone cannot keep it.
+  main process while the step waits, or the job model) is kept after its first window when
+  that window gains at least ``CONFIRM_GAIN`` and half the prediction over the reference, and
+  the mechanism shows: the data wait per sample the change was meant to remove fell to at most
+  half, or the step itself got faster by half the prediction (fewer workers leaving it its
+  cores). A knob without effect leaves both where they were, so the noise of the rates alone
+  cannot keep it.
 """
 
 from __future__ import annotations
@@ -21,17 +35,24 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from lightning_maxtp.observe.thresholds import DATA_WAIT_SHARE_STRONG
 from lightning_maxtp.observe.window import robust_rate
 
 __all__ = [
+    "CONFIRM_CAP",
     "CONFIRM_GAIN",
     "EARLY_STEPS",
+    "baseline_decided",
     "confirmed_at_once",
+    "confirming_gain",
     "early_steps",
     "losing_early",
     "wait_per_sample",
+    "winning_early",
 ]
 
+CONFIRM_CAP = 1.0
+"""The most a confirming gain must be, whatever was predicted (``confirming_gain``)."""
 EARLY_STEPS = 4
 """The fewest trial steps read before a trial may be stopped as losing."""
 CONFIRM_GAIN = 0.25
@@ -52,6 +73,19 @@ def wait_per_sample(data_wait_s: Sequence[float], samples: Sequence[int]) -> flo
 
 def _per_sample(step_s: Sequence[float], samples: Sequence[int]) -> list[float]:
     return [s / max(n, 1) for s, n in zip(step_s, samples, strict=True)]
+
+
+def baseline_decided(step_s: Sequence[float], wait_s: Sequence[float]) -> bool:
+    """Whether a baseline's first steps already show the job data-bound beyond doubt.
+
+    At least ``EARLY_STEPS`` steps, each waiting for data at least ``DATA_WAIT_SHARE_STRONG``
+    of its time (see the module).
+    """
+    if len(step_s) < EARLY_STEPS:
+        return False
+    return all(
+        w >= DATA_WAIT_SHARE_STRONG * s for s, w in zip(step_s, wait_s, strict=True) if s > 0
+    )
 
 
 def losing_early(
@@ -87,14 +121,54 @@ def losing_early(
     return slower < robust_rate(tuple(ref_step_s), tuple(ref_samples))
 
 
+def winning_early(
+    ref_step_s: Sequence[float],
+    ref_samples: Sequence[int],
+    step_s: Sequence[float],
+    samples: Sequence[int],
+    expected_gain: float | None,
+) -> bool:
+    """Whether a trial window's first steps already confirm its predicted gain (see the module).
+
+    Args:
+        ref_step_s: The reference window's step times, seconds.
+        ref_samples: Its samples per step.
+        step_s: The trial window's step times so far.
+        samples: Their samples per step.
+        expected_gain: The gain predicted for the trial (``None``: none, never early).
+    """
+    if expected_gain is None or expected_gain < CONFIRM_GAIN or len(step_s) < EARLY_STEPS:
+        return False
+    if not ref_step_s:
+        return False
+    margin = 1 + confirming_gain(expected_gain)
+    ref = statistics.median(_per_sample(ref_step_s, ref_samples))
+    if max(_per_sample(step_s, samples)) * margin > ref:
+        return False
+    return robust_rate(tuple(step_s), tuple(samples)) >= margin * robust_rate(
+        tuple(ref_step_s), tuple(ref_samples)
+    )
+
+
 def confirmed_at_once(
     ref_rate: float,
     trial_rate: float,
     ref_wait_per_sample: float,
     trial_wait_per_sample: float,
     expected_gain: float | None,
+    *,
+    ref_step_per_sample: float | None = None,
+    trial_step_per_sample: float | None = None,
+    ref_epoch_s: float | None = None,
+    trial_epoch_s: float | None = None,
 ) -> bool:
     """Whether a first trial window confirms a predicted gain beyond doubt (see the module).
+
+    The mechanism must show: the data wait per sample halved (the loading the change was
+    meant to hide), or, given the step's own time per sample (step time less data wait), the
+    step faster by at least half the predicted gain (fewer workers taking its cores), or,
+    given what an epoch boundary cost in each window, that cost halved (workers that no longer
+    restart).
 
     Args:
         ref_rate: The reference window's samples/s.
@@ -102,9 +176,27 @@ def confirmed_at_once(
         ref_wait_per_sample: The reference window's data wait per sample, seconds.
         trial_wait_per_sample: The trial window's.
         expected_gain: The gain the trial's own measurement predicted (``None``: none).
+        ref_step_per_sample: The reference window's step time less its data wait, per sample.
+        trial_step_per_sample: The trial window's.
+        ref_epoch_s: What an epoch boundary cost in the reference window (``None``: none).
+        trial_epoch_s: In the trial window.
     """
     if expected_gain is None or expected_gain < CONFIRM_GAIN or ref_rate <= 0:
         return False
     gain = trial_rate / ref_rate - 1
     mechanism = trial_wait_per_sample <= ref_wait_per_sample / 2
-    return mechanism and gain >= max(CONFIRM_GAIN, expected_gain / 2)
+    if ref_step_per_sample is not None and trial_step_per_sample is not None:
+        faster = trial_step_per_sample * (1 + expected_gain / 2) <= ref_step_per_sample
+        mechanism = mechanism or faster
+    if ref_epoch_s is not None and trial_epoch_s is not None:
+        mechanism = mechanism or trial_epoch_s <= ref_epoch_s / 2
+    return mechanism and gain >= confirming_gain(expected_gain)
+
+
+def confirming_gain(expected_gain: float) -> float:
+    """The least gain that confirms a prediction.
+
+    ``CONFIRM_GAIN``, or half the prediction, at most ``CONFIRM_CAP``: a window twice as fast,
+    its mechanism shown, is beyond the noise however much more was predicted.
+    """
+    return max(CONFIRM_GAIN, min(expected_gain / 2, CONFIRM_CAP))

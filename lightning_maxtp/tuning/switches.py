@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.observe.job_model import PER_WORKER_S, WORKER_START_S
 
 __all__ = [
     "LOSING_SHARE",
+    "MEASURED_FLOOR",
     "PER_WORKER_S",
     "WORKER_START_S",
     "Switches",
@@ -27,13 +29,6 @@ __all__ = [
     "worker_starts",
     "workers_after",
 ]
-
-WORKER_START_S = 0.1
-PER_WORKER_S = 0.05
-"""What starting a loader's workers is taken to cost before one start was measured:
-``WORKER_START_S`` plus this per worker. The old workers stop, new ones fork and load their
-first batches while the step waits (measured on 2 CPUs in a fit: 0.24-0.28 s for 4 workers
-whose batches take 48 ms each; alone, 35-110 ms to stop and restart 1-4 workers)."""
 
 LOSING_SHARE = 0.5
 """A losing trial's first steps, until it is cut short, are taken to run each this share of a
@@ -87,44 +82,58 @@ def trial_risk_s(start_s: Sequence[float], early_steps: int, step_s: float) -> f
     return sum(start_s) + early_steps * step_s * LOSING_SHARE
 
 
+MEASURED_FLOOR = 0.5
+"""A start measured at nearly nothing (its first steps no slower than the reference's) still
+predicts half the prior for the next: forking and a first batch are never free."""
+
+
 @dataclass
 class Switches:
     """The pending switch and what the worker starts measured so far cost (one fit)."""
 
     pending_from: int | None = None
     """Where in the step log the pending switch began (``None``: none pending)."""
-    starts: bool = False
-    """Whether the pending switch starts workers."""
+    starts: int = 0
+    """Workers the pending switch starts (0: none)."""
     switches: int = 0
     """Switches requested since the pending one began (a revert, then the next trial: 2)."""
-    measured: list[float] = field(default_factory=list)
-    """The excess of each worker start measured so far, seconds."""
+    measured: list[tuple[float, int]] = field(default_factory=list)
+    """``(excess seconds, workers started)`` of each worker start measured so far."""
 
-    def mark(self, at: int, *, starts: bool) -> None:
-        """A switch is requested with the step log at length ``at``.
+    def mark(self, at: int, *, starts: int) -> None:
+        """A switch starting ``starts`` workers is requested with the step log at length ``at``.
 
         Switches requested before the next window (a revert, then the next trial) are paid in
         the same settle steps: the first one's place counts.
         """
         if self.pending_from is None:
             self.pending_from = at
-        self.starts = self.starts or starts
+        self.starts = max(self.starts, starts)
         self.switches += 1
 
     def charge(self, step_s: Sequence[float], ref_step_s: float) -> float:
         """The pending switch's settle steps are over (``step_s``): their excess, in seconds."""
         excess = settle_excess_s(step_s, ref_step_s)
         if self.starts and self.switches == 1:  # what one start cost, not two run together
-            self.measured.append(excess)
-        self.pending_from, self.starts, self.switches = None, False, 0
+            self.measured.append((excess, self.starts))
+        self.pending_from, self.starts, self.switches = None, 0, 0
         return excess
 
     def start_s(self, workers: int) -> float:
         """What starting ``workers`` workers is expected to cost, seconds.
 
-        The dearest start measured, or before one was, the prior (``WORKER_START_S`` and
-        ``PER_WORKER_S`` each).
+        The prior (``WORKER_START_S`` and ``PER_WORKER_S`` each), scaled by the dearest ratio
+        of a start measured in this fit to the prior for its own worker count (at least
+        ``MEASURED_FLOOR``).
         """
-        if self.measured:
-            return max(self.measured)
-        return WORKER_START_S + PER_WORKER_S * workers
+        prior = WORKER_START_S + PER_WORKER_S * workers
+        if not self.measured:
+            return prior
+        scale = max(excess / (WORKER_START_S + PER_WORKER_S * n) for excess, n in self.measured)
+        return prior * max(scale, MEASURED_FLOOR)
+
+    @property
+    def per_start(self) -> tuple[float, float]:
+        """``(base, per worker)`` seconds of a start, as ``start_s`` predicts them."""
+        scale = self.start_s(0) / WORKER_START_S
+        return WORKER_START_S * scale, PER_WORKER_S * scale

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lightning_maxtp.knobs.threads import THREADS
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import Diagnosis
+from lightning_maxtp.tuning.admission import Admission
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.guard_band import GuardCheck
 
@@ -71,6 +72,10 @@ class KnobTrial:
     """Seconds its windows at the slower settings cost (what the judgement itself cost)."""
     guard: GuardCheck | None = None
     """The numerics guard's last check (math knobs that round differently), else ``None``."""
+    expected_gain: float | None = None
+    """The gain the job model predicted for it (``None``: no prediction)."""
+    admitted: Admission | None = None
+    """Which rule let it start (the budget, or a strong prediction past it)."""
 
     @property
     def gain(self) -> float:
@@ -105,6 +110,8 @@ class KnobTrial:
             "windows": self.windows,
             "lost_s": self.lost_s,
             "guard": None if self.guard is None else self.guard.to_dict(),
+            "expected_gain": self.expected_gain,
+            "admitted": None if self.admitted is None else self.admitted.to_dict(),
             "first_step": self.first_step,
             "steps": self.steps,
         }
@@ -113,6 +120,10 @@ class KnobTrial:
         noise = "" if self.noise is None else f", noise {self.noise:.0%}"
         verdict = _VERDICT_TEXT.get(self.verdict, self.verdict)
         guard = "" if self.guard is None else f" [{self.guard}]"
+        if self.expected_gain is not None:
+            noise += f", predicted {self.expected_gain:+.0%}"
+        if self.admitted is not None and self.admitted.rule == "predicted":
+            guard += f" [started {self.admitted}]"
         if self.after_samples_per_s is None:
             return f"{self.knob}: {self.old} -> {self.new}: not measured, {verdict}{guard}"
         return (

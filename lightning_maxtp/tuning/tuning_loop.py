@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
+from lightning_maxtp.tuning.admission import Admission
 from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.decisions import (
@@ -41,8 +42,13 @@ from lightning_maxtp.tuning.decisions import (
     Stop,
     Try,
 )
-from lightning_maxtp.tuning.judge import judge, judged
-from lightning_maxtp.tuning.sequential import confirmed_at_once, losing_early, wait_per_sample
+from lightning_maxtp.tuning.judge import THIRD_PAIR_GAIN, judge, judged
+from lightning_maxtp.tuning.sequential import (
+    confirmed_at_once,
+    losing_early,
+    wait_per_sample,
+    winning_early,
+)
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -56,6 +62,10 @@ __all__ = ["DATA_KINDS", "NOTHING_LEFT", "TuningLoop", "window_rate"]
 DATA_KINDS = ("data_pipeline", "storage")
 """Bottleneck kinds for which ``tune_dataloader`` is run before single knobs are tried."""
 
+WARMUP_WITHOUT_WORKERS = 2
+"""Warm-up steps when the loader starts with no workers (``TuningLoop.nothing_to_warm``): the
+first step's lazy set-up, and one step after it."""
+
 NOTHING_LEFT = "no auto-applicable knob left"
 """How the stop reason begins when the diagnosis names nothing the loop may try by itself."""
 CONVERGED = ("no bottleneck above threshold", NOTHING_LEFT, "max_trials=")
@@ -63,16 +73,37 @@ CONVERGED = ("no bottleneck above threshold", NOTHING_LEFT, "max_trials=")
 
 
 def _wants_workers(found: tuple[Diagnosis, ...]) -> bool:
-    """Whether the top diagnosis may change the workers by itself (worth measuring the loader).
+    """Whether the loader is worth measuring alone before the workers change.
 
-    Not when a CPU step leaves no core for a worker (``recommend_loader``).
+    Only when the top diagnosis may change the workers by itself and the job model could not
+    predict the change (its ``expected_gain`` is ``None``: the loader's cost was not measured):
+    a prediction is confirmed on real steps instead, without stopping training.
     """
-    return any(r.knob == "num_workers" and r.auto_apply for r in found[0].recommendations)
+    return any(
+        r.knob == "num_workers" and r.auto_apply and r.expected_gain is None
+        for r in found[0].recommendations
+    )
+
+
+def _direction(old: Any, new: Any) -> int:
+    """+1 when a numeric knob grows, -1 when it shrinks, 0 otherwise."""
+    if isinstance(old, int | float) and isinstance(new, int | float) and old != new:
+        return 1 if new > old else -1
+    return 0
+
+
+def step_per_sample(window: Window) -> float:
+    """A window's step time less its data wait, per sample, seconds."""
+    return (window.total_s - sum(window.data_wait_s)) / max(sum(window.samples), 1)
 
 
 def window_rate(window: Window) -> float:
-    """Samples/s of a window with stalls capped (``Window.samples_per_s``)."""
-    return window.samples_per_s
+    """Samples/s of the fit over a window (``Window.fit_samples_per_s``).
+
+    Stalls capped, each epoch's cost between steps counted: the one rate every trial is judged
+    by.
+    """
+    return window.fit_samples_per_s
 
 
 @dataclass
@@ -94,6 +125,8 @@ class _Trial:
     """Its first window was closed early, already losing (``sequential.losing_early``)."""
     loop_step: int = 0
     """The loop's step count when it began (``step`` is the trainer's, which may differ)."""
+    admitted: Admission | None = None
+    """Which rule let it start."""
 
 
 class TuningLoop:
@@ -107,6 +140,8 @@ class TuningLoop:
 
     def __init__(self, config: TuningConfig) -> None:
         self.config = config
+        self.warmup_steps = config.warmup_steps
+        """Steps before the baseline window (``nothing_to_warm`` may shorten them)."""
         self.phase = "warmup"
         self.steps = 0
         self.trials: list[KnobTrial] = []
@@ -130,6 +165,21 @@ class TuningLoop:
         """Baseline steps the kept changes saved before the last one was kept."""
         self._resumed: tuple[float, int] | None = None
         """When (clock, step count) tuning resumed after it had stopped (``resume``)."""
+        self._misses: list[tuple[str, int, float]] = []
+        """``(knob, direction, measured / predicted)`` of trials that fell short of a prediction."""
+        self._lost: set[tuple[str, str]] = set()
+        """Changes measured slower by trials that were not kept, since the last kept one."""
+        self._retried: set[tuple[str, str]] = set()
+        """Changes already given their one more try after a kept change."""
+
+    def nothing_to_warm(self) -> None:
+        """The loader starts with no workers: the warm-up ends after ``WARMUP_WITHOUT_WORKERS``.
+
+        It is there for workers starting, caches filling and a compile; a loader in the main
+        process has no workers to start, and on a data-bound job every warm-up step at its
+        settings is a step at the slowest rate.
+        """
+        self.warmup_steps = min(self.warmup_steps, WARMUP_WITHOUT_WORKERS)
 
     @property
     def measuring(self) -> bool:
@@ -149,7 +199,7 @@ class TuningLoop:
                 (the settle steps count only from then on).
         """
         self.steps += 1
-        if self.phase == "warmup" and self.steps >= self.config.warmup_steps:
+        if self.phase == "warmup" and self.steps >= self.warmup_steps:
             self._t_start = time.perf_counter()
             self.phase = "baseline"
             return True
@@ -174,12 +224,14 @@ class TuningLoop:
         *,
         settle_steps: int | None = None,
         expected_gain: float | None = None,
+        admitted: Admission | None = None,
     ) -> None:
         """A trial of ``new`` (replacing ``old``) begins at training step ``step``.
 
         ``settle_steps`` before each of its windows default to the loop's; a compile needs more
         (its first steps compile). ``expected_gain``: what a measurement of its own predicts
-        (``Try.expected_gain``), which lets a first window that confirms it decide alone.
+        (``Try.expected_gain``), which lets a first window that confirms it decide alone;
+        ``admitted``: the rule that let it start (``admission.admit``), for the report.
         """
         assert self.ref is not None
         settle = self.config.settle_steps if settle_steps is None else settle_steps
@@ -193,6 +245,7 @@ class TuningLoop:
             settle_steps=settle,
             expected_gain=expected_gain,
             loop_step=self.steps,
+            admitted=admitted,
         )
         self._settle()
 
@@ -218,6 +271,11 @@ class TuningLoop:
         return None if self._trial is None else self._trial.knob
 
     @property
+    def trial_expected_gain(self) -> float | None:
+        """The gain predicted for the trial under way (``None``: none, or no trial)."""
+        return None if self._trial is None else self._trial.expected_gain
+
+    @property
     def pending(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """``(old, new)`` settings of the trial under way."""
         return None if self._trial is None else (self._trial.old, self._trial.new)
@@ -241,6 +299,19 @@ class TuningLoop:
         assert self._trial is not None
         ref = self._trial.windows[0][0]
         return losing_early(ref.step_time_s, ref.samples, step_s, samples, self.config.min_gain)
+
+    def winning(self, step_s: Sequence[float], samples: Sequence[int]) -> bool:
+        """Rank zero: whether the first trial window's steps so far confirm its prediction.
+
+        Only the first window of a trial with a predicted gain (``sequential.winning_early``);
+        when it wins, close the window: ``judge`` then keeps the trial if its mechanism shows.
+        """
+        if not self.in_first_trial_window:
+            return False
+        assert self._trial is not None
+        ref = self._trial.windows[0][0]
+        expected = self._trial.expected_gain
+        return winning_early(ref.step_time_s, ref.samples, step_s, samples, expected)
 
     def cut_short(self) -> None:
         """The first trial window closes now, already losing: the trial is reverted."""
@@ -269,6 +340,10 @@ class TuningLoop:
                 wait_per_sample(ref.data_wait_s, ref.samples),
                 wait_per_sample(window.data_wait_s, window.samples),
                 t.expected_gain,
+                ref_step_per_sample=step_per_sample(ref),
+                trial_step_per_sample=step_per_sample(window),
+                ref_epoch_s=ref.epoch_cost_s,
+                trial_epoch_s=window.epoch_cost_s,
             ):
                 return "kept"
         rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
@@ -304,8 +379,9 @@ class TuningLoop:
         """Judge the trial: a kept one becomes the reference, a reverted one is never retried."""
         assert self._trial is not None
         t = self._trial
-        shown_old = t.old[t.knob] if t.knob in t.old else fmt_settings(t.old)
-        shown_new = t.new[t.knob] if t.knob in t.new else fmt_settings(t.new)
+        alone = len(t.new) == 1 and t.knob in t.new  # else several settings, all shown
+        shown_old = t.old[t.knob] if alone else fmt_settings(t.old)
+        shown_new = t.new[t.knob] if alone else fmt_settings(t.new)
         kept = verdict == "kept"
         olds, news = t.windows[0::2], t.windows[1::2]
         before, after, noise, lost = judged(t.windows, kept, self.config.min_gain)
@@ -325,6 +401,8 @@ class TuningLoop:
             windows=len(t.windows),
             lost_s=lost,
             guard=t.guard,
+            expected_gain=t.expected_gain,
+            admitted=t.admitted,
         )
         self.trials.append(trial)
         if kept:
@@ -342,9 +420,21 @@ class TuningLoop:
                     share = 1 - baseline / window_rate(w)
                     self.banked_steps += max(0.0, share) * w.steps
             self.kept_at = self.steps
+            # Knobs interact (channels_last after bf16, threads after workers): what lost
+            # before this change may be tried once more, when a diagnosis names it again.
+            again = self._lost - self._retried
+            self.tried -= again
+            self._retried |= again
+            self._lost.clear()
         else:
             self.ref, self.ref_found = olds[-1]
-            self.tried |= {(k, repr(v)) for k, v in t.new.items()}
+            slower = {(k, repr(v)) for k, v in t.new.items()}
+            self.tried |= slower
+            self._lost |= slower
+            if t.expected_gain is not None and trial.after_samples_per_s is not None:
+                ratio = (1 + trial.gain) / (1 + t.expected_gain)
+                for k in t.new:
+                    self._misses.append((k, _direction(t.old.get(k), t.new[k]), ratio))
         self._trial = None
         return trial
 
@@ -404,27 +494,51 @@ class TuningLoop:
     ) -> Try | None:
         """The loader or thread change ``found`` names first that was neither tried nor skipped.
 
-        With the gain a measurement of its own predicts for it, if any (pure).
+        With the gain the job model (or a measurement of its own) predicts for it, if any,
+        corrected by the trials that missed their prediction in the same direction
+        (``_corrected``); a change whose corrected gain the judge could not keep (under
+        ``THIRD_PAIR_GAIN * min_gain``) is passed over (pure).
         """
-        change = next_change(
-            found,
-            settings,
-            self.tried | self.skipped,
-            device_type=device_type,
-            max_workers=self.config.max_workers,
-        )
-        if change is None:
-            return None
-        knob, value, reason = change
-        expected = next(
-            (
-                r.expected_gain
-                for r in found[0].recommendations
-                if r.knob == knob and r.proposed == value
-            ),
-            None,
-        )
-        return Try(knob, {knob: value}, reason, expected)
+        passed: set[tuple[str, str]] = set()
+        while True:
+            change = next_change(
+                found,
+                settings,
+                self.tried | self.skipped | passed,
+                device_type=device_type,
+                max_workers=self.config.max_workers,
+            )
+            if change is None:
+                return None
+            knob, value, reason = change
+            rec = next(
+                (r for r in found[0].recommendations if r.knob == knob and r.proposed == value),
+                None,
+            )
+            expected = None if rec is None else rec.expected_gain
+            corrected = self._corrected(knob, settings.get(knob), value, expected)
+            # A predicted gain the judge could not keep (three pairs keep 2x min_gain at the
+            # least) is not worth a trial.
+            if corrected is None or corrected >= THIRD_PAIR_GAIN * self.config.min_gain:
+                if corrected is not None and corrected != expected:
+                    reason += f" (predicted {expected:+.0%}, {corrected:+.0%} after a miss)"
+                return Try(knob, {knob: value}, reason, corrected)
+            passed.add((knob, repr(value)))
+
+    def _corrected(self, knob: str, old: Any, new: Any, expected: float | None) -> float | None:
+        """``expected`` scaled by how far the last trial moving ``knob`` the same way missed.
+
+        A trial that measured less than the model predicted tells it by how much (the
+        measured rate replaces the predicted one): the next change in that direction is
+        re-ranked by the same ratio.
+        """
+        if expected is None or not self._misses:
+            return expected
+        direction = _direction(old, new)
+        for missed_knob, missed_direction, ratio in reversed(self._misses):
+            if missed_knob == knob and missed_direction == direction:
+                return (1 + expected) * ratio - 1
+        return expected
 
     def time_left(self) -> bool:
         """Whether ``time_budget_s`` still lets a trial start."""
@@ -467,7 +581,7 @@ class TuningLoop:
         if self._tuning_s is None:
             started = self._t_start
             self._tuning_s = 0.0 if started is None else time.perf_counter() - started
-            self._tuning_steps = max(0, self.steps - self.config.warmup_steps)
+            self._tuning_steps = max(0, self.steps - self.warmup_steps)
 
     def end(self, guard: Any = None) -> KnobTrial | None:
         """The fit ended: tuning time and steps are fixed even if tuning did not finish.
@@ -484,10 +598,10 @@ class TuningLoop:
             unfinished = self._finish("guarded" if failed else "unfinished")
             self.stop_reason = "the fit ended during a trial"
         elif self.phase in ("warmup", "baseline"):
-            need = self.config.warmup_steps + self.config.window_steps
+            need = self.warmup_steps + self.config.window_steps
             self.stop_reason = (
                 f"the fit ended before the baseline was measured: it ran {self.steps} steps, "
-                f"tuning needs at least {need} ({self.config.warmup_steps} warm-up + "
+                f"tuning needs at least {need} ({self.warmup_steps} warm-up + "
                 f"{self.config.window_steps} baseline)"
             )
         self._close()
@@ -512,7 +626,7 @@ class TuningLoop:
         tuning_s, steps = self._tuning_s, self._tuning_steps
         if tuning_s is None:
             tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
-            steps = max(0, self.steps - self.config.warmup_steps)
+            steps = max(0, self.steps - self.warmup_steps)
         return TuningSummary(
             trials=tuple(self.trials),
             baseline_samples_per_s=self.baseline,

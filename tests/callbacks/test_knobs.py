@@ -78,7 +78,8 @@ def test_a_remeasure_that_would_start_workers_past_the_budget_ends_the_trial_und
     tuner = Tuner.__new__(Tuner)
     vars(tuner).update(
         loop=SimpleNamespace(pending=({"num_workers": 4}, {"num_workers": 0}),
-                             trial_knob="num_workers"),
+                             trial_knob="num_workers", trial_expected_gain=None, ref=None,
+                             baseline=None, steps=0),
         knobs=SimpleNamespace(context=lambda: {"num_workers": 0}),
         switches=Switches(), note=notes.append, _cost=lambda: TuningCost(budget_s=0.1),
     )  # fmt: skip

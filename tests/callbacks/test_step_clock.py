@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -108,6 +110,7 @@ def test_nvml_and_allocator_sources_read_through_the_gpu_boundary() -> None:
 DDP_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, {root!r})
+import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset, DataLoader
 from lightning_maxtp.callbacks import BottleneckMonitor
@@ -289,3 +292,40 @@ def test_time_the_library_blocked_training_belongs_to_no_step() -> None:
     clock._last_end = time.perf_counter() - 5.0  # a step ended, then 5 s of loader search
     clock.restart_step()
     assert time.perf_counter() - clock._last_end < 1.0
+
+
+def test_an_epochs_start_and_the_validation_before_it_are_measured_not_dropped() -> None:
+    import time
+
+    from torch.utils.data import DataLoader
+
+    from tests.helpers.planted import Mlp, ReadyBatches
+
+    class Validated(Mlp):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            end = time.perf_counter() + 0.04  # spun, not slept: a sleep overshoots here
+            while time.perf_counter() < end:
+                pass
+
+    clock = StepClock(window_steps=6, sampler_interval_s=None, mfu=False)
+    train = DataLoader(ReadyBatches(batches=4, batch_size=8), batch_size=None)
+    val = DataLoader(ReadyBatches(batches=2, batch_size=8), batch_size=None)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=4, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=[clock],
+    )  # fmt: skip
+    trainer.fit(Validated(), train, val)
+    steps = [s for w in clock.windows for s in zip(w.epoch_start, w.gap_s, strict=True)]
+    assert len(steps) == 12  # two windows of 6: every step, each epoch's first one too
+    starts = [gap for start, gap in steps if start]
+    # Epochs 2 and 3 began inside the windows; the fit's first step (timed from its epoch's
+    # start) starts the workers once, a boundary that does not recur.
+    assert len(starts) == 2
+    assert all(gap >= 2 * 0.04 for gap in starts)  # the validation before each
+    assert all(gap == 0.0 for start, gap in steps if not start)
+    window = clock.windows[0]
+    assert window.context.epoch_batches == 4
+    cost = window.epoch_cost_s
+    assert cost is not None and cost >= 0.08
+    assert window.fit_samples_per_s < window.samples_per_s  # what the epochs cost between steps

@@ -137,3 +137,25 @@ def test_the_loop_keeps_a_confirmed_prediction_after_one_pair() -> None:
     trial = lp.advance("kept", fast, ())
     assert isinstance(trial, KnobTrial) and trial.kept and trial.windows == 2
     assert trial.lost_s == 0.0  # nothing was measured twice
+
+
+def test_a_baseline_whose_every_step_waits_on_data_is_decided_early() -> None:
+    from lightning_maxtp.tuning.sequential import EARLY_STEPS, baseline_decided
+
+    step, wait = [0.1] * EARLY_STEPS, [0.09] * EARLY_STEPS
+    assert baseline_decided(step, wait)
+    assert not baseline_decided(step[:-1], wait[:-1])  # too few steps to say
+    # One step that waited little: not beyond doubt.
+    assert not baseline_decided(step, [*wait[:-1], 0.01])
+
+
+def test_an_epoch_cost_halved_confirms_a_predicted_gain_at_once() -> None:
+    from lightning_maxtp.tuning.sequential import confirmed_at_once
+
+    # Workers that no longer restart every short epoch: the steps no faster, the data wait
+    # no lower, the epoch's cost halved; the fit's rate +60 % as predicted.
+    args = (100.0, 160.0, 0.001, 0.001, 0.8)
+    kwargs = {"ref_step_per_sample": 0.004, "trial_step_per_sample": 0.004}
+    assert not confirmed_at_once(*args, **kwargs)
+    assert confirmed_at_once(*args, **kwargs, ref_epoch_s=1.6, trial_epoch_s=0.2)
+    assert not confirmed_at_once(*args, **kwargs, ref_epoch_s=1.6, trial_epoch_s=1.0)

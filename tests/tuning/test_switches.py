@@ -52,16 +52,23 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     # The prior, before any start was measured: more workers take longer to start.
     assert switches.start_s(4) == pytest.approx(WORKER_START_S + 4 * PER_WORKER_S)
     assert switches.start_s(1) < switches.start_s(4)
-    switches.mark(10, starts=False)
-    switches.mark(12, starts=True)  # a revert and the next trial before one window: one settle
-    assert switches.pending_from == 10 and switches.starts
+    switches.mark(10, starts=0)
+    switches.mark(12, starts=4)  # a revert and the next trial before one window: one settle
+    assert switches.pending_from == 10 and switches.starts == 4
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
     assert switches.pending_from is None
     assert switches.measured == [], "two switches run together say nothing of one start"
-    switches.mark(20, starts=True)
+    switches.mark(20, starts=4)
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
-    assert switches.measured == [pytest.approx(0.4)]
-    assert switches.start_s(1) == pytest.approx(0.4)  # measured: the dearest, for any count
-    switches.mark(30, starts=False)  # a thread change: charged, yet no start to learn from
+    assert switches.measured == [(pytest.approx(0.4), 4)]
+    # Measured: 4 workers took 0.4 s, the prior's ratio for that count scales every count.
+    scale = 0.4 / (WORKER_START_S + 4 * PER_WORKER_S)
+    assert switches.start_s(4) == pytest.approx(0.4)
+    assert switches.start_s(12) == pytest.approx(scale * (WORKER_START_S + 12 * PER_WORKER_S))
+    assert switches.per_start == pytest.approx((scale * WORKER_START_S, scale * PER_WORKER_S))
+    switches.mark(30, starts=0)  # a thread change: charged, yet no start to learn from
     assert switches.charge([0.2], 0.1) == pytest.approx(0.1)
-    assert switches.measured == [pytest.approx(0.4)]
+    assert switches.measured == [(pytest.approx(0.4), 4)]
+    # A start measured at nothing still predicts half the prior.
+    quick = Switches(measured=[(0.0, 2)])
+    assert quick.start_s(2) == pytest.approx(0.5 * (WORKER_START_S + 2 * PER_WORKER_S))

@@ -310,3 +310,65 @@ def test_tuning_that_converged_stays_converged_after_one_more_trial_stopped_by_a
     assert trial is None
     lp.stop("tuning cost budget spent: 1.0 s of 1.0 s")  # ...but the budget ends it
     assert lp.converged, "the settings before the extra trial had converged"
+
+
+def predicted(*recs: Recommendation) -> tuple[Diagnosis, ...]:
+    return (Diagnosis(BottleneckKind.DATA_PIPELINE, 0.9, "waits on data", recommendations=recs),)
+
+
+def test_a_modelled_change_is_tried_at_once_and_one_the_judge_could_not_keep_is_not() -> None:
+    lp = loop()
+    two = Recommendation("num_workers", 0, 2, "the job model predicts", True, expected_gain=0.8)
+    # A prediction replaces measuring the loader alone: no MeasureLoader is asked for.
+    lp.record_baseline(window(100.0), predicted(two))
+    change = lp.decide(SETTINGS, device_type="cpu", plan=ASK)
+    assert change == Try("num_workers", {"num_workers": 2}, "the job model predicts", 0.8)
+    # Without a prediction the loader is measured alone first, as before.
+    lp.record_baseline(window(100.0), data_bound())
+    assert lp.decide(SETTINGS, device_type="cpu", plan=ASK) == MeasureLoader()
+    # A predicted +8 %: three pairs keep 10 % at the least, so it is not worth a trial.
+    small = Recommendation("num_workers", 0, 1, "barely", True, expected_gain=0.08)
+    lp.record_baseline(window(100.0), predicted(small, two))
+    assert lp.next_try(lp.ref_found, SETTINGS, device_type="cpu") == Try(
+        "num_workers", {"num_workers": 2}, "the job model predicts", 0.8
+    )
+
+
+def test_a_trial_that_misses_its_prediction_re_ranks_the_next_change_the_same_way() -> None:
+    lp = loop()
+    two = Recommendation("num_workers", 0, 2, "m", True, expected_gain=1.0)
+    three = Recommendation("num_workers", 0, 3, "m", True, expected_gain=0.3)
+    lp.record_baseline(window(100.0), predicted(two, three))
+    lp.start("num_workers", {"num_workers": 0}, {"num_workers": 2}, "m", 12, expected_gain=1.0)
+    trial = measure(lp, 101.0, compute())  # predicted 2x, measured no faster: reverted
+    assert isinstance(trial, KnobTrial) and trial.verdict == "reverted"
+    assert trial.expected_gain == 1.0 and "predicted +100%" in str(trial)
+    # 3 workers were predicted +30 %: scaled by the miss (1 - 1 %) / 2, under any gain.
+    assert lp.next_try(lp.ref_found, SETTINGS, device_type="cpu") is None
+    # Fewer workers (the other direction) are not re-ranked by it.
+    fewer = Recommendation("num_workers", 4, 1, "m", True, expected_gain=0.3)
+    change = lp.next_try(predicted(fewer), SETTINGS | {"num_workers": 4}, device_type="cpu")
+    assert change is not None and change.expected_gain == 0.3
+
+
+def test_after_a_kept_change_a_knob_that_lost_before_it_gets_one_more_try() -> None:
+    lp = loop()
+    lp.record_baseline(window(100.0), data_bound())
+    lp.start("prefetch_factor", {"prefetch_factor": 2}, {"prefetch_factor": 4}, "m", 12)
+    assert isinstance(measure(lp, 101.0, compute()), KnobTrial)  # reverted
+    assert ("prefetch_factor", "4") in lp.tried
+    lp.start("num_workers", {"num_workers": 0}, {"num_workers": 2}, "m", 30)
+    for step_ms in (50.0, 100.0):  # T1, R2
+        assert measure(lp, step_ms, compute()) is None
+    kept = measure(lp, 50.0, compute())  # T2
+    assert isinstance(kept, KnobTrial) and kept.kept
+    # Knobs interact: the deeper prefetch may be tried once more under the new settings...
+    assert ("prefetch_factor", "4") not in lp.tried
+    assert ("num_workers", "0") in lp.tried  # ...never the settings the kept change replaced
+    lp.start("prefetch_factor", {"prefetch_factor": 2}, {"prefetch_factor": 4}, "m", 60)
+    assert isinstance(measure(lp, 51.0, compute()), KnobTrial)  # lost again
+    lp.start("num_workers", {"num_workers": 2}, {"num_workers": 3}, "m", 80)
+    for step_ms in (25.0, 50.0):
+        assert measure(lp, step_ms, compute()) is None
+    assert isinstance(measure(lp, 25.0, compute()), KnobTrial)  # kept again
+    assert ("prefetch_factor", "4") in lp.tried  # once only
