@@ -212,7 +212,7 @@ def both_directions(p: Profile, emit: Emit) -> None:
     """A compute-bound ResNet-18 on 64 px crops, long epochs, from 4 and from 0 workers."""
     from benchmarks.workloads.jpeg import ImageClassifier
 
-    steps = p.steps(80, 12)
+    steps = p.steps(80, 8)
     job = Job(
         "both_directions", partial(ImageClassifier, "resnet18"),
         jpeg_dataset(256, 64, repeat=4), steps=steps,
@@ -344,7 +344,7 @@ def demo(p: Profile, emit: Emit) -> None:
     """The demo's job (MobileNetV3, 256 px JPEGs cropped to 64, 5 ms reads), 120 steps."""
     from benchmarks.workloads.jpeg import ImageClassifier, JpegFolderDataset
 
-    steps = p.steps(120, 16)
+    steps = p.steps(120, 8)
     data = jpeg_dataset(256, 64)
     assert isinstance(data, JpegFolderDataset)
     data.read_latency_s = 0.005

@@ -89,6 +89,20 @@ MIN_EPOCH_WINDOW = 8
 """A validation loader follows the train loader when these were the same in both."""
 
 
+def _prefilled(old: dict[str, Any], new: dict[str, Any]) -> int:
+    """Steps the batches more new workers load at once serve in no time after a switch.
+
+    Each new worker loads a batch as soon as it starts, all at once: the steps after the first
+    take them from the queue in no time, and a window measured then times the queue, not the
+    workers (27 workers gave 27 instant steps here, a window several times too fast). The
+    window starts once they are consumed.
+    """
+    before, after = old.get("num_workers"), new.get("num_workers")
+    if not isinstance(before, int) or not isinstance(after, int) or after <= before:
+        return 0
+    return after
+
+
 class Tuner:
     """One fit's tuning: the loop, the train loader it switches, the changes and the notes.
 
@@ -664,14 +678,8 @@ class Tuner:
         settings = {"num_workers": choice.workers}
         if choice.workers == model.workers or settings == change.settings:
             return change
-        persistent = model.persistent
-        gain = (
-            model.fit_seconds_per_sample(model.workers, persistent)
-            / (model.fit_seconds_per_sample(choice.workers, persistent))
-            - 1
-        )
         why = f"{change.why}; for the {samples_left:.0f} samples left, {choice.workers} workers"
-        return Try(change.knob, settings, why, round(gain, 4))
+        return Try(change.knob, settings, why, round(choice.gain, 4))
 
     def _risk_s(self, change: Try, settings: dict[str, Any]) -> float:
         """What a trial of ``change`` costs at worst before a window can revert it (predicted).
@@ -828,7 +836,7 @@ class Tuner:
             new,
             why,
             trainer.global_step,
-            settle_steps=self.math_trials.settle_steps(knob),
+            settle_steps=max(self.math_trials.settle_steps(knob), _prefilled(old, new)),
             expected_gain=change.expected_gain,
             admitted=admitted,
         )

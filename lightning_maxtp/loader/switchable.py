@@ -140,9 +140,17 @@ class SwitchableLoader(DataLoader[Any]):
         return feed
 
     def settings(self) -> dict[str, Any]:
-        """The loader knobs now in force (or requested, once the switch happens)."""
+        """The loader knobs now in force (or requested, once the switch happens).
+
+        As the switch will apply them: a prefetch of 2 (torch's) once there are workers, none
+        without.
+        """
         current = {k: getattr(self, k) for k in LOADER_KNOBS}
-        return current | (self._pending or {})
+        merged = current | (self._pending or {})
+        if "prefetch_factor" in merged:
+            workers = merged.get("num_workers") or 0
+            merged["prefetch_factor"] = (merged["prefetch_factor"] or 2) if workers else None
+        return merged
 
     @property
     def switched(self) -> bool:

@@ -110,7 +110,8 @@ class WorkerChoice:
     now: Prediction
     best: Prediction
     gain: float
-    """Predicted relative gain in samples/s over the rate measured now (0.8: 1.8x)."""
+    """Predicted relative gain in samples/s (0.8: 1.8x): the model's prediction for the
+    setting in force against its prediction for this one."""
     reason: str
     persistent: bool = False
     """Whether the workers should persist across epochs (their restarts cost each epoch)."""
@@ -232,7 +233,8 @@ class JobModel:
             int(min(memory) * 0.5 // WORKER_MEMORY_BYTES) if memory else 10**6
         )  # half the RAM left
         most = max(workers, min(ram_cap, int(MAX_WORKERS_PER_CORE * cores)))
-        batches, batch = ctx.epoch_batches, ctx.batch_size
+        # The loader's own batch_size is None behind a batch sampler (the switchable one too).
+        batches, batch = ctx.epoch_batches, round(n / window.steps) if window.steps else None
         return cls(
             cores=cores,
             workers=workers,
@@ -317,12 +319,12 @@ class JobModel:
     def fit_seconds_per_sample(
         self, workers: int, persistent: bool, start_s: tuple[float, float] | None = None
     ) -> float:
-        """Seconds per sample of the fit: the steps, and each epoch's boundary spread over it."""
-        if workers == self.workers and persistent == self.persistent:
-            return 1 / self.measured_samples_per_s  # measured, not predicted
-        # The steps at the same workers were measured; only their epochs' cost is predicted.
-        same = workers == self.workers and self.steps_samples_per_s > 0
-        t = 1 / self.steps_samples_per_s if same else self.seconds_per_sample(workers)[0]
+        """Predicted seconds per sample of the fit: the steps, and each epoch's boundary.
+
+        The setting in force is predicted too: compared with each other, the model's errors
+        cancel.
+        """
+        t = self.seconds_per_sample(workers)[0]
         if self.epoch_samples:
             t += self.epoch_s(workers, persistent, start_s) / self.epoch_samples
         return t
@@ -357,7 +359,7 @@ class JobModel:
             options.append((self.workers, self.persistent))
         times = {o: self.fit_seconds_per_sample(*o, start_s) for o in options}
         now = (self.workers, self.persistent if self.workers else False)
-        times[now] = 1 / self.measured_samples_per_s
+        times[now] = self.fit_seconds_per_sample(*now, start_s)
         if samples_left is not None and math.isfinite(samples_left) and samples_left > 0:
 
             def finish(option: tuple[int, bool]) -> float:
@@ -373,8 +375,10 @@ class JobModel:
             best = min(close, key=lambda o: (o[0], times[o]))
         workers, persistent = best
         measured = Prediction(self.workers, self.measured_samples_per_s, "measured")
-        chosen = measured if best == now else self.predict(workers)
         gain = times[now] / times[best] - 1
+        chosen = Prediction(
+            workers, self.measured_samples_per_s * (1 + gain), self.seconds_per_sample(workers)[1]
+        )
         return WorkerChoice(workers, measured, chosen, gain, self.explain(workers), persistent)
 
     def explain(self, workers: int) -> str:
@@ -397,16 +401,21 @@ class JobModel:
 def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) -> tuple[float, str]:
     """One worker's seconds per sample, waits included, from a window with workers.
 
-    When the step waits for data (beyond ``DATA_WAIT_SHARE``, epoch starts left out), the
-    workers do not idle (their queue runs empty), so W of them took ``W * t`` each per sample
-    (a worker starved of CPU counts its wait for a core as loading: the careful side for fewer
-    workers). Else they idle on a full queue and their waits cannot be told from idling: the
-    loading is taken as its CPU work alone, as it is when the machine's CPUs are saturated (a
-    worker off the CPU then waits for a core, not for a read). (The few samples timed in this
-    process at the first batch are no measure of it: cold caches made them several times
-    slower.)
+    What an earlier window measured in one process when there is one
+    (``JobContext.loading_s``: no workers, its waits its own, no core to wait for). Else, when
+    every core is busy, its CPU work alone (a worker off the CPU then waits for a core, not for
+    a read: more workers would wait the same). Else, when the step waits for data (beyond
+    ``DATA_WAIT_SHARE``, epoch starts left out), the workers do not idle (their queue runs
+    empty), so W of them took ``W * t`` each per sample. Else they idle on a full queue and
+    their waits cannot be told from idling: its CPU work alone. (The few samples timed in this
+    process at the first batch are no measure: cold caches made them several times slower.)
     """
     cpu = f"{workers} workers use {load_cpu_s * 1e3:.2f} ms of CPU a sample"
+    earlier = window.context.loading_s
+    if earlier is not None:
+        # Measured in one process before (no workers): the loading's own time a sample, its
+        # waits included, free of what workers beside each other and the step wait for a core.
+        return max(load_cpu_s, earlier[0]), f"{cpu}; a sample loaded in {earlier[0] * 1e3:.2f} ms"
     system = window.sampler.mean_system_cpu
     if system is not None and system >= th.SYSTEM_CPU_SATURATED:
         # Every core busy: a worker's time off the CPU is a wait for a core, not for a read;

@@ -81,10 +81,10 @@ def num_workers_change(ctx: JobContext, workers: int, proposed: int, reason: str
 def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[False] | None:
     """The worker count, else the persistence, the job model predicts finishes soonest.
 
-    One knob at a time: a ``num_workers`` change (its gain predicted at the persistence in
-    force) when the best count differs from the one in force, else a ``persistent_workers``
-    change. ``False`` when there is no model (the caller's own rules apply); ``None`` when the
-    model predicts nothing beats the settings in force by ``MIN_GAIN`` (nothing to try).
+    One knob at a time: a ``num_workers`` change when the best count differs from the one in
+    force, else a ``persistent_workers`` change; either with the gain of the best setting.
+    ``False`` when there is no model (the caller's own rules apply); ``None`` when the model
+    predicts nothing beats the settings in force by ``MIN_GAIN`` (nothing to try).
     ``why``, the finding's own words, leads the reason.
     """
     model = JobModel.from_window(window)
@@ -94,17 +94,13 @@ def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[
     workers, persistent = workers_of(window), bool(window.context.persistent_workers)
     if choice.workers == workers and (not workers or choice.persistent == persistent):
         return None
+    # The gain of the setting the model ranks best: the workers first, their persistence (when
+    # it differs) the next trial, as the knobs are tried one at a time.
     gain = choice.gain
-    if choice.workers != workers:
-        gain = (
-            model.fit_seconds_per_sample(workers, persistent)
-            / model.fit_seconds_per_sample(choice.workers, persistent)
-            - 1
-        )
     if gain < th.MIN_GAIN:
         return None
     reason = f"{why}; {choice.reason}" if why else choice.reason
-    reason += f", {gain:+.0%} over the {choice.now.samples_per_s:.0f} measured"
+    reason += f", {gain:+.0%} over the settings in force ({choice.now.samples_per_s:.0f} measured)"
     if choice.workers == workers:
         restarts = f"no worker restart at every epoch ({model.epoch_cost_s or 0:.2f} s an epoch)"
         rec = Recommendation("persistent_workers", persistent, True, f"{restarts}; {reason}", True)

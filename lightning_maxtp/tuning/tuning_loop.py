@@ -42,8 +42,9 @@ from lightning_maxtp.tuning.decisions import (
     Stop,
     Try,
 )
-from lightning_maxtp.tuning.judge import THIRD_PAIR_GAIN, judge, judged
+from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN, judge, judged
 from lightning_maxtp.tuning.sequential import (
+    CONFIRM_GAIN,
     confirmed_at_once,
     losing_early,
     wait_per_sample,
@@ -322,7 +323,9 @@ class TuningLoop:
         """Rank zero: what this trial window decides (see ``judge.judge``).
 
         A first window cut short as losing reverts the trial; one that confirms a predicted
-        gain beyond doubt keeps it (``sequential.confirmed_at_once``).
+        gain beyond doubt keeps it (``sequential.confirmed_at_once``); one that misses a
+        predicted gain of ``CONFIRM_GAIN`` or more is measured again, reference then trial,
+        before the trial is reverted.
 
         Returns:
             ``Remeasure("old")``/``Remeasure("new")`` (measure again with those settings) or the
@@ -348,6 +351,11 @@ class TuningLoop:
                 return "kept"
         rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
         outcome = judge(rates, self.config.min_gain)[0]
+        if outcome == "reverted" and len(rates) == 2 and (t.expected_gain or 0) >= CONFIRM_GAIN:
+            # One window against a measured prediction of a large gain: the pair is measured
+            # again before the prediction loses (an epoch's start or another job's burst in
+            # that window), as a window that looked like a gain would be.
+            return Remeasure("old")
         if outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
             return Remeasure(outcome)
         return outcome
@@ -496,8 +504,8 @@ class TuningLoop:
 
         With the gain the job model (or a measurement of its own) predicts for it, if any,
         corrected by the trials that missed their prediction in the same direction
-        (``_corrected``); a change whose corrected gain the judge could not keep (under
-        ``THIRD_PAIR_GAIN * min_gain``) is passed over (pure).
+        (``_corrected``); a change whose corrected gain two pairs of windows could not keep
+        (under ``TWO_PAIR_GAIN * min_gain``) is passed over (pure).
         """
         passed: set[tuple[str, str]] = set()
         while True:
@@ -517,9 +525,9 @@ class TuningLoop:
             )
             expected = None if rec is None else rec.expected_gain
             corrected = self._corrected(knob, settings.get(knob), value, expected)
-            # A predicted gain the judge could not keep (three pairs keep 2x min_gain at the
-            # least) is not worth a trial.
-            if corrected is None or corrected >= THIRD_PAIR_GAIN * self.config.min_gain:
+            # A predicted gain two pairs could not keep (under 3x min_gain: only a third pair
+            # might, at three windows' cost) is not worth a trial.
+            if corrected is None or corrected >= TWO_PAIR_GAIN * self.config.min_gain:
                 if corrected is not None and corrected != expected:
                     reason += f" (predicted {expected:+.0%}, {corrected:+.0%} after a miss)"
                 return Try(knob, {knob: value}, reason, corrected)

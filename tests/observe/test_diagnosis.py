@@ -394,9 +394,14 @@ def test_compute_bound_with_busy_workers_keeps_the_workers_the_loading_needs() -
     rec = diagnose(window(100, 1, context=ctx, sampler=idle))[0].recommendations[0]
     assert (rec.knob, rec.proposed) == ("num_workers", 0)
     assert "the job model predicts" in rec.reason and "0.2 cores" in rec.reason
-    # the step stretched by 2.5x the 0.17 of loading beside it: 0.99 / 1.425 of a step
-    # alone, plus the loading in series: 0.865 of the step measured now
-    assert rec.expected_gain == pytest.approx(1 / (0.99 / 1.425 + 0.17) - 1, abs=0.01)
+    # The model's own time per sample now (the step stretched by 2.5x the 0.17 of loading
+    # beside it) against none: the step alone, the loading in series
+    from lightning_maxtp.observe.job_model import JobModel
+
+    model = JobModel.from_window(window(100, 1, context=ctx, sampler=idle))
+    assert model is not None
+    now, none = model.fit_seconds_per_sample(4, False), model.fit_seconds_per_sample(0, False)
+    assert now > none and rec.expected_gain == pytest.approx(now / none - 1, abs=1e-3)
     # ...but leave it nothing to win back on a machine with CPUs to spare.
     spare = dataclasses.replace(idle, system_cpu_percent=(60.0,) * 5)
     recs = diagnose(window(100, 1, context=ctx, sampler=spare))[0].recommendations
