@@ -1,33 +1,57 @@
-"""``benchmarks.scoreboard --smoke``: every case of the loop runs end to end, no targets judged."""
+"""``benchmarks.scoreboard --smoke``: every case of the loop runs end to end, no targets judged.
+
+One test per case, so that the parallel pass spreads them over its workers.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks import scoreboard
-from tests.helpers.scripts import smoke_json
+from tests.helpers.scripts import process_state_kept
+
+CHECKS = {
+    "jpeg_defaults": {"whole fit vs best hand", "steady rate vs sweep's best"},
+    "waiting_loader": {"whole fit vs best hand", "tuning cost vs budget"},
+    "short_epochs": {"from 0 workers vs best hand", "from 4 workers vs best hand"},
+    "both_directions": {"from 0 vs better hand", "from 4 vs better hand"},
+    "never_slower": {
+        "tiny_steps_50", "short_data_bound", "compute_bound_conv",
+        "fixed cost before the first step",
+    },
+    "allow_all": {"short fit (10 steps)", "long fit (30 steps)"},
+    "batch_knee": {"knee's rate vs Lightning's pick"},
+    "monitor_cost": {"hooks per step"},
+    "demo": {"fit vs defaults"},
+}  # fmt: skip
+
+
+def test_every_case_has_its_checks_listed_here() -> None:
+    assert set(CHECKS) == set(scoreboard.CASES)
 
 
 @pytest.mark.slow
-def test_smoke_runs_every_case_and_reports_each_row(capsys: pytest.CaptureFixture[str]) -> None:
-    data = smoke_json(scoreboard.main, capsys)
+@pytest.mark.parametrize("case", scoreboard.CASES)
+def test_smoke_runs_the_case_and_reports_its_rows(
+    case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with process_state_kept():
+        data = scoreboard.main(["--smoke", "--only", case])
     assert data["benchmark"] == "scoreboard" and data["profile"] == "smoke"
     rows = data["rows"]
-    assert {r["case"] for r in rows} == set(scoreboard.CASES)
-    assert all(r["met"] is None for r in rows), "smoke sizes judge no target"
-    assert not [r for r in rows if r["check"] == "ran"], "a case raised"
-    checks = {(r["case"], r["check"]) for r in rows}
-    assert ("short_epochs", "from 4 workers vs best hand") in checks
-    assert ("never_slower", "fixed cost before the first step") in checks
-    assert data["judged"] == 0
+    assert {r["check"] for r in rows} == CHECKS[case], rows  # no "ran" row: nothing raised
+    assert all(r["case"] == case and r["met"] is None for r in rows)
+    assert data["judged"] == 0 and capsys.readouterr().out.strip().endswith("}")
 
 
 def test_a_row_meets_its_ratio_or_the_slack_of_a_short_fit() -> None:
-    row = scoreboard.ratio_row("c", "x", [1.2, 1.3], [1.0, 1.0], most=1.05, smoke=False,
-                               slack_s=0.5)  # fmt: skip
+    row = scoreboard.ratio_row(
+        "c", "x", [1.2, 1.3], [1.0, 1.0], most=1.05, smoke=False, slack_s=0.5
+    )
     assert row.met is True and row.measured == pytest.approx(1.25)  # +0.25 s under 5 s
-    long = scoreboard.ratio_row("c", "x", [12.0, 13.0], [10.0, 10.0], most=1.05, smoke=False,
-                                slack_s=0.5)  # fmt: skip
+    long = scoreboard.ratio_row(
+        "c", "x", [12.0, 13.0], [10.0, 10.0], most=1.05, smoke=False, slack_s=0.5
+    )
     assert long.met is False and long.target == "<= 1.05x (or +0.5 s under 5 s)"
     assert scoreboard.ratio_row("c", "x", [2.0], [1.0], most=1.1, smoke=True).met is None
     table = scoreboard.format_table([row, long], scoreboard.PROFILES["quick"], 12.0)
