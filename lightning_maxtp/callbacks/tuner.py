@@ -671,10 +671,9 @@ class Tuner:
         if model is None or batches is None or not math.isfinite(batches) or not ref.steps:
             return change
         samples_left = max(0.0, batches - self.loop.steps) * sum(ref.samples) / ref.steps
-        choice = model.choose(
-            most=self.config.max_workers, samples_left=samples_left,
-            start_s=self.switches.per_start,
-        )  # fmt: skip
+        start_s = self.switches.per_start
+        most = self.config.max_workers
+        choice = model.choose(most=most, samples_left=samples_left, start_s=start_s)
         settings = {"num_workers": choice.workers}
         if choice.workers == model.workers or settings == change.settings:
             return change
