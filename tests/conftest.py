@@ -77,8 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-_SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-"""Helpers multiprocessing starts once per interpreter and keeps until it exits: not leaks."""
+_SINGLETONS = (
+    "multiprocessing.resource_tracker", "multiprocessing.forkserver",
+    "ray::IDLE", "ray/_private/workers/default_worker.py",
+)  # fmt: skip
+"""Helpers multiprocessing starts once per interpreter and keeps until it exits, and the idle
+or still-starting workers of a module's Ray instance: Ray's worker pool starts and ends those on
+its own clock (a worker started for a test may take longer than the grace period to register and
+be found idle on a loaded machine), and ``tests/helpers/ray_local.py`` checks that every Ray
+process is gone when the instance shuts down. A leaked actor is still caught: its process is
+named after its class."""
 
 
 def _children() -> set[int]:
@@ -89,6 +97,14 @@ def _children() -> set[int]:
                 continue
         found.add(child.pid)
     return found
+
+
+def _describe(pid: int) -> str:
+    """A leaked process by its pid and command line, so a failure says what was left."""
+    try:
+        return f"{pid} ({' '.join(psutil.Process(pid).cmdline())[:120]})"
+    except psutil.Error:
+        return f"{pid} (gone)"
 
 
 def _threads() -> set[threading.Thread]:
@@ -108,10 +124,11 @@ def no_leaked_processes_or_threads() -> Iterator[None]:
         if not (leaked_children or leaked_threads) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    described = [_describe(pid) for pid in sorted(leaked_children)]
     for pid in leaked_children:
         with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
-    assert not leaked_children, f"test left child processes behind: {sorted(leaked_children)}"
+    assert not leaked_children, f"test left child processes behind: {described}"
     assert not leaked_threads, f"test left threads behind: {[t.name for t in leaked_threads]}"
 
 

@@ -18,8 +18,8 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ray_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+def _children() -> dict[int, psutil.Process]:
+    return {p.pid: p for p in psutil.Process().children(recursive=True) if p.is_running()}
 
 
 @contextlib.contextmanager
@@ -30,6 +30,7 @@ def local_ray(**init: Any) -> Iterator[Any]:
     process it started is gone.
     """
     saved = dict(os.environ)  # before the import, which sets RAY_CLIENT_MODE
+    before = set(_children())
     import ray
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report sent anywhere
@@ -49,6 +50,13 @@ def local_ray(**init: Any) -> Iterator[Any]:
         ray.shutdown()
         os.environ.clear()
         os.environ.update(saved)
-        _, alive = psutil.wait_procs(_ray_processes(), timeout=10)
+        # The per-test leak check leaves Ray's pooled workers to this one: none may outlive
+        # the instance (30 s: a worker still starting on a loaded machine exits when it finds
+        # its raylet gone).
+        started = [p for pid, p in _children().items() if pid not in before]
+        _, alive = psutil.wait_procs(started, timeout=30)
+        survivors = [f"{p.pid}" for p in alive]
         for process in alive:
-            process.kill()
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        assert not survivors, f"Ray processes outlived ray.shutdown(): {survivors}"
