@@ -174,7 +174,8 @@ def _budget_row(p: Profile, accounts: list[dict[str, Any]]) -> Row:
     worst = max(over) if over else 0.0
     return Row(
         "waiting_loader", "tuning cost vs budget", "<= 1.1x + 0.3 s, or a named rule",
-        worst, f"{worst:+.2f} s past the limit", None if p.smoke else met, "; ".join(texts),
+        worst, f"{abs(worst):.2f} s {'past' if worst > 0 else 'under'} the limit",
+        None if p.smoke else met, "; ".join(texts),
     )  # fmt: skip
 
 
