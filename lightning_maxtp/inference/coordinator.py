@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -55,8 +57,36 @@ class Slot:
     failures_in_row: int = 0
 
 
+_ENVIRONMENT_LOCK = threading.Lock()
+"""``os.environ`` is the process's: one start at a time changes it for its child."""
+
+
+@contextlib.contextmanager
+def child_environment(spec: WorkerSpec) -> Iterator[None]:
+    """``os.environ`` as the worker must start with, put back after: its GPU and thread counts.
+
+    Set here, in the parent, around ``start()``: a spawned child re-imports the user's main
+    module before ``worker_main`` runs, and a module that touches CUDA at import would otherwise
+    open every GPU the parent sees (and size its thread pools from the whole machine).
+    """
+    wanted = dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS"), str(spec.torch_threads))
+    if spec.cuda_visible_devices is not None:
+        wanted["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    with _ENVIRONMENT_LOCK:
+        saved = {name: os.environ.get(name) for name in wanted}
+        os.environ.update(wanted)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def start_slot(context: Any, slot: Slot, payload: bytes) -> None:
-    """Spawn the slot's worker process."""
+    """Spawn the slot's worker process, with its environment (``child_environment``)."""
     parent, child = context.Pipe(duplex=True)
     process = context.Process(
         target=worker_main,
@@ -64,7 +94,8 @@ def start_slot(context: Any, slot: Slot, payload: bytes) -> None:
         name=f"maxtp-inference-{slot.worker_id}",
         daemon=True,  # multiprocessing ends daemons at interpreter exit even if close() never ran
     )
-    process.start()
+    with child_environment(slot.spec):
+        process.start()
     child.close()
     slot.process, slot.conn, slot.ready, slot.info, slot.assigned = process, parent, False, {}, {}
 

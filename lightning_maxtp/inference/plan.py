@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.inference.records import InferencePlan, WorkerSpec
+from lightning_maxtp.resources.gpus import child_visible_id
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, Resources, workers_for_memory
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,12 @@ def plan_workers(
     budget = max(1, (cores - total) // total)
     threads = max(1, min(CPU_THREADS_PER_WORKER, budget // 4))
     workers = tuple(
-        WorkerSpec(f"cuda:{index}", str(index), threads, io_threads or budget)
+        WorkerSpec(
+            f"cuda:{index}",
+            child_visible_id(index, resources.cuda_visible_devices),
+            threads,
+            io_threads or budget,
+        )
         for index, count in per_gpu.items()
         for _ in range(count)
     )

@@ -1,8 +1,9 @@
 """The worker process of ``BatchInferencePool``: one model copy, a thread pool for I/O, batches.
 
 This module is what a spawned worker imports first, so it imports nothing heavy at module level:
-torch is imported inside ``worker_main`` after ``CUDA_VISIBLE_DEVICES`` and the thread counts are
-set, and lightning is never imported (8 s of start-up for nothing).
+torch is imported inside ``worker_main``, and lightning is never imported (8 s of start-up for
+nothing). ``CUDA_VISIBLE_DEVICES`` and the thread counts are in the environment the parent
+started the process with (``coordinator.child_environment``).
 
 Protocol (pickled tuples over one duplex pipe, standard pickle so tensors travel as bytes and no
 shared memory outlives a killed worker):
@@ -19,7 +20,6 @@ shared memory outlives a killed worker):
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import queue
 import signal
@@ -51,11 +51,8 @@ def worker_main(conn: Connection, spec: WorkerSpec, payload: bytes) -> None:
     """Entry point of a spawned worker: build the model, then serve batches until told to stop."""
     # Ctrl-C reaches the whole process group; the coordinator decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.cuda_visible_devices is not None:
-        # Before torch initialises CUDA: the worker then sees its one GPU as cuda:0.
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = str(spec.torch_threads)
+    # CUDA_VISIBLE_DEVICES and the thread counts came with the environment the parent started
+    # this process in (``coordinator.child_environment``): set before this module was imported.
     try:
         runner = BatchRunner(spec, pickle.loads(payload))
     except BaseException:

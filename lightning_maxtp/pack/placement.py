@@ -16,13 +16,13 @@ can be delayed by smaller jobs behind it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lightning_maxtp._units import GIB, format_bytes
 from lightning_maxtp.pack.spec import JobSpec
+from lightning_maxtp.resources.gpus import child_visible_id
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, BusyGpu, Resources
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -136,12 +136,11 @@ def capacity_from_resources(
         raise ValueError(f"`headroom_bytes` must be >= 0, got {headroom_bytes!r}")
     if max_parallel is not None and max_parallel < 1:
         raise ValueError(f"`max_parallel` must be None or >= 1, got {max_parallel!r}")
-    visible = _visible_ids(resources.cuda_visible_devices)
     free = set(resources.advice.free_gpus)
     slots = tuple(
         GpuSlot(
             index=g.index,
-            visible_id=visible[g.index] if visible and g.index < len(visible) else str(g.index),
+            visible_id=child_visible_id(g.index, resources.cuda_visible_devices),
             name=g.name,
             usable_bytes=max(0, (g.memory_free_bytes or 0) - headroom_bytes),
         )
@@ -163,12 +162,6 @@ def capacity_from_resources(
         max_parallel=max_parallel,
         headroom_bytes=headroom_bytes,
     )
-
-
-def _visible_ids(value: str | None) -> list[str]:
-    if value is None:
-        value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
 
 def resolve_demands(

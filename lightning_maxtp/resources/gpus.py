@@ -116,6 +116,18 @@ def parse_visible_devices(
     return visible, notes
 
 
+def child_visible_id(ordinal: int, value: str | None) -> str:
+    """What a child process's ``CUDA_VISIBLE_DEVICES`` must say to see this process's GPU.
+
+    ``ordinal`` is a CUDA ordinal here, after this process's own ``CUDA_VISIBLE_DEVICES``
+    (``value``; ``None`` when unset): with ``"3,5"`` ordinal 1 is entry ``"5"``, with UUIDs the
+    UUID. Entries before a visible ordinal are valid ones (CUDA stops at the first it cannot
+    use), so the entry at the ordinal is the GPU.
+    """
+    entries = [e.strip() for e in value.split(",")] if value and value.strip() else []
+    return entries[ordinal] if 0 <= ordinal < len(entries) else str(ordinal)
+
+
 def _resolve_visible_entry(
     entry: str, physical: Sequence[tuple[int, str | None]]
 ) -> tuple[int | None, str | None]:

@@ -96,3 +96,26 @@ def test_plan_to_dict_is_json_safe() -> None:
     assert isinstance(plan, InferencePlan)
     assert [w["device"] for w in data["workers"]] == ["cuda:0", "cuda:0"]
     assert data["skipped_gpus"] == []
+
+
+@pytest.mark.parametrize(
+    ("parent", "children"),
+    [("3,5", ["3", "5"]), (f"{uuid(4)},{uuid(1)}", [uuid(4), uuid(1)]), (None, ["0", "1"])],
+)
+def test_each_worker_is_given_the_gpu_the_parent_sees_at_its_ordinal(
+    monkeypatch: pytest.MonkeyPatch, parent: str | None, children: list[str]
+) -> None:
+    # A child's CUDA_VISIBLE_DEVICES names a GPU the machine's way, not by the parent's ordinal:
+    # under the parent's "3,5" its cuda:1 is GPU 5, and "1" would open another job's GPU.
+    gpus = [FakeGpu(uuid=uuid(n)) for n in range(6 if parent is not None else 2)]
+    if parent is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", parent)
+    res = dataclasses.replace(
+        inspect_resources(nvml=FakeNvml(gpus)),
+        cpu=CpuInfo(logical=16, physical=16, usable=16, cgroup_quota=None),
+    )
+    plan = plan_workers(res, workers_per_device=1)
+    assert [w.device for w in plan.workers] == ["cuda:0", "cuda:1"]
+    assert [w.cuda_visible_devices for w in plan.workers] == children
