@@ -206,7 +206,7 @@ class BatchInferencePool(Adaptive):
         self._build_s = 0.0
         self._started: float | None = None
         self._closed = False
-        log.info(prefixed("%s"), self.plan)
+        _announce(self.plan)
 
     def __enter__(self) -> BatchInferencePool:
         self.start()
@@ -376,3 +376,11 @@ class BatchInferencePool(Adaptive):
             on_message=self._on_message,
             watch=watch,
         )
+
+
+def _announce(plan: InferencePlan) -> None:
+    """The plan, and each GPU it skipped as a warning: it may be this job's own, misread."""
+    log.info(prefixed("%s"), plan)
+    where = "on the CPU" if plan.devices == ("cpu",) else "without it"
+    for index, reason in plan.skipped_gpus:
+        log.warning(prefixed("cuda:%d skipped (%s): the pool runs %s"), index, reason, where)

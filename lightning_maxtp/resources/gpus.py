@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 import psutil
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class GpuProcess:
     name: str | None
     own: bool
     """True for this process, its parents and its children: our own job, not someone else's."""
+    visible: bool = True
+    """Whether the pid names a process here. NVML reports PIDs as the host numbers them: in a
+    container (another PID namespace) none of them is a process here, its own included, so
+    such a process is neither ours nor someone else's by its pid; its memory decides."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,19 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] | None
     """``None`` when the process list could not be read (the notes say why)."""
     notes: tuple[str, ...] = ()
+    torch_reserved_bytes: int | None = None
+    """What this process's torch holds on it (its caching allocator), read when CUDA was
+    already initialised here: this job's own memory when NVML's PIDs cannot be matched."""
 
     @property
     def foreign_processes(self) -> tuple[GpuProcess, ...]:
-        """Processes on this GPU that are not part of this job."""
-        return tuple(p for p in self.processes or () if not p.own)
+        """Processes on this GPU that are visible here and not part of this job."""
+        return tuple(p for p in self.processes or () if p.visible and not p.own)
+
+    @property
+    def unseen_processes(self) -> tuple[GpuProcess, ...]:
+        """Processes NVML lists whose PIDs name no process here (another PID namespace)."""
+        return tuple(p for p in self.processes or () if not p.visible)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
@@ -163,12 +178,32 @@ def _own_pids() -> set[int]:
 
 def _describe_process(pid: int, used: int | None, own_pids: set[int]) -> GpuProcess:
     username = name = None
+    visible = True
     try:
         proc = psutil.Process(pid)
         username, name = proc.username(), proc.name()
+    except psutil.NoSuchProcess:
+        visible = False  # another PID namespace (a container), or gone already
     except psutil.Error:
-        pass  # another PID namespace (container) or gone already: owner unknown
-    return GpuProcess(pid, used, username, name, pid in own_pids)
+        pass  # another user's: visible, its owner unreadable
+    return GpuProcess(pid, used, username, name, pid in own_pids, visible)
+
+
+def _torch_reserved(ordinal: int) -> int | None:
+    """This process's torch allocator on CUDA ``ordinal``, when CUDA is initialised already.
+
+    Never imports torch or initialises CUDA for it: a probe must not create a context.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.memory_reserved(ordinal))
+    except (RuntimeError, AssertionError, ValueError) as error:
+        log.debug("torch's reserved memory on cuda:%d unreadable: %s", ordinal, error)
+        return None
 
 
 def _text(value: Any) -> str:
@@ -237,6 +272,7 @@ def _nvml_gpu(
         mig_enabled=bool(mig[0]) if mig else None,
         processes=_read(notes, "processes", _nvml_processes, nvml, h, own),
         notes=tuple(notes),
+        torch_reserved_bytes=_torch_reserved(ordinal),
     )
 
 

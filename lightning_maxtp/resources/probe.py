@@ -233,15 +233,25 @@ def _busy_reason(gpu: GpuInfo) -> str | None:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         return f"{len(foreign)} foreign process(es): {listed}{more}"
     if gpu.memory_total_bytes and gpu.memory_used_bytes is not None:
-        # Memory our own job holds (this process, its parents, its children) does not make the
-        # GPU busy; what is left is held by processes NVML cannot list (other containers).
+        # Memory our own job holds (this process, its parents, its children; or, when NVML's
+        # PIDs are another namespace's, what this process's torch holds) does not make the GPU
+        # busy; what is left belongs to processes NVML cannot list or this process cannot see.
         own = sum(p.used_memory_bytes or 0 for p in gpu.processes or () if p.own)
+        own = max(own, gpu.torch_reserved_bytes or 0)
         unlisted = max(0, gpu.memory_used_bytes - own)
         share = unlisted / gpu.memory_total_bytes
         if share > FREE_GPU_MAX_USED_FRACTION:
+            unseen = gpu.unseen_processes
+            whose = (
+                "processes not listed (another container?)"
+                if not unseen
+                else f"pid(s) {', '.join(str(p.pid) for p in unseen[:3])} that name no process "
+                "here (NVML's host PIDs seen from a container); if they are this job's, pass "
+                "the GPUs explicitly"
+            )
             return (
                 f"{format_bytes(unlisted)} of {format_bytes(gpu.memory_total_bytes)} in use "
-                f"({share:.0%}) by processes not listed (another container?)"
+                f"({share:.0%}) by {whose}"
             )
     if gpu.mig_enabled:
         return "MIG mode is on: use the MIG instances' UUIDs in CUDA_VISIBLE_DEVICES"

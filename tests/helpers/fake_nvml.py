@@ -101,7 +101,8 @@ class FakeNvml:
 
 
 FOREIGN_PID = 4_190_000
-"""Above any pid this machine hands out: owner unknown, not ours."""
+"""Above any pid this machine hands out: a process NVML lists that names no process here, as
+the host's PIDs do seen from a container (``tests.helpers.foreign`` gives a visible one)."""
 
 
 def fake_machine(
@@ -109,17 +110,18 @@ def fake_machine(
 ) -> Any:
     """The real host probe with fake GPUs (80 GiB, 0.5 GiB used) and a chosen amount of RAM.
 
-    A GPU in ``busy`` has 20 GiB used by a foreign process (pid ``FOREIGN_PID + index``).
+    A GPU in ``busy`` has 20 GiB used by a foreign process (``foreign.foreign_pid()``).
     """
     import dataclasses
 
     from lightning_maxtp.resources import inspect_resources
+    from tests.helpers.foreign import foreign_pid
 
     fakes = [
         FakeGpu(
             uuid=f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd", total_gib=total_gib,
             used_gib=20.5 if i in busy else 0.5,
-            processes=[(FOREIGN_PID + i, 20 * GIB)] if i in busy else [],
+            processes=[(foreign_pid(), 20 * GIB)] if i in busy else [],
         )
         for i in range(gpus)
     ]  # fmt: skip

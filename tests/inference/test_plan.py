@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import pytest
@@ -11,8 +12,7 @@ from lightning_maxtp.inference import InferencePlan
 from lightning_maxtp.inference.plan import plan_workers
 from lightning_maxtp.resources import CpuInfo, Resources, inspect_resources
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
-
-FOREIGN_PID = 4_190_000
+from tests.helpers.foreign import foreign_pid
 
 
 def machine(gpus: list[FakeGpu], cores: int = 16) -> Resources:
@@ -32,7 +32,7 @@ def test_busy_gpu_is_skipped_and_workers_follow_free_memory(
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     res = machine([
         FakeGpu(uuid=uuid(0)),  # 139.5 GiB free
-        FakeGpu(uuid=uuid(1), used_gib=30, processes=[(FOREIGN_PID, 30 * GIB)]),
+        FakeGpu(uuid=uuid(1), used_gib=30, processes=[(foreign_pid(), 30 * GIB)]),
         FakeGpu(uuid=uuid(2), total_gib=24, used_gib=0.5),  # 23.5 GiB free
     ])  # fmt: skip
     plan = plan_workers(res, model_bytes=10 * GIB)
@@ -72,7 +72,7 @@ def test_cpu_fallback_never_oversubscribes() -> None:
 
 
 def test_all_gpus_busy_falls_back_to_cpu_under_auto_but_not_under_cuda() -> None:
-    res = machine([FakeGpu(uuid=uuid(0), used_gib=30, processes=[(FOREIGN_PID, 30 * GIB)])])
+    res = machine([FakeGpu(uuid=uuid(0), used_gib=30, processes=[(foreign_pid(), 30 * GIB)])])
     plan = plan_workers(res)
     assert plan.devices == ("cpu",) and plan.notes[0] == "no usable GPU: running on the CPU"
     with pytest.raises(ValueError, match=r"`devices='cuda'` left no usable GPU .* devices='cpu'"):
@@ -119,3 +119,17 @@ def test_each_worker_is_given_the_gpu_the_parent_sees_at_its_ordinal(
     plan = plan_workers(res, workers_per_device=1)
     assert [w.device for w in plan.workers] == ["cuda:0", "cuda:1"]
     assert [w.cuda_visible_devices for w in plan.workers] == children
+
+
+def test_a_pool_that_skips_a_busy_gpu_says_so_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    from lightning_maxtp.inference import BatchInferencePool
+    from tests.helpers.inference_models import make_model
+
+    res = machine([FakeGpu(uuid=uuid(0), used_gib=30, processes=[(foreign_pid(), 30 * GIB)])])
+    with caplog.at_level(logging.WARNING, logger="lightning_maxtp"):
+        pool = BatchInferencePool(make_model, resources=res)  # planned, not started
+    assert pool.plan.devices == ("cpu",)
+    (record,) = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "cuda:0 skipped (1 foreign process(es)" in record.getMessage()
+    assert record.getMessage().endswith("the pool runs on the CPU")

@@ -19,8 +19,8 @@ from lightning_maxtp.pack.placement import (
 from lightning_maxtp.resources import CpuInfo
 from lightning_maxtp.resources.probe import Resources, derive_advice, inspect_resources
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml
+from tests.helpers.foreign import foreign_pid
 
-FOREIGN_PID = 4_190_000  # above any pid this machine hands out: not ours
 BUSY = 3
 FREE = (0, 1, 2, 4, 5, 6, 7)
 
@@ -33,7 +33,7 @@ def eight_gpus(monkeypatch: pytest.MonkeyPatch) -> Resources:
         FakeGpu(uuid=f"GPU-{i:08x}", total_gib=40.5, used_gib=0.5)
         if i != BUSY
         else FakeGpu(uuid=f"GPU-{i:08x}", total_gib=40.5, used_gib=10.5,
-                     processes=[(FOREIGN_PID, 10 * GIB)])
+                     processes=[(foreign_pid(), 10 * GIB)])
         for i in range(8)
     ]  # fmt: skip
     res = inspect_resources(nvml=FakeNvml(gpus))

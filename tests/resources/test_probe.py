@@ -26,9 +26,10 @@ from lightning_maxtp.resources.probe import (
     workers_for_memory,
 )
 from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml, NVMLError, NVMLError_NotSupported
+from tests.helpers.foreign import foreign_pid
 from tests.helpers.runif import RunIf
 
-FOREIGN_PID = 4_190_000  # above any pid this machine hands out: owner unknown, not ours
+HOST_PID = 4_190_000  # above any pid this machine hands out: a host's pid seen from a container
 
 
 def uuid(n: int) -> str:
@@ -38,7 +39,7 @@ def uuid(n: int) -> str:
 def four_gpus() -> list[FakeGpu]:
     return [
         FakeGpu(uuid=uuid(0)),
-        FakeGpu(uuid=uuid(1), used_gib=30, processes=[(FOREIGN_PID, 30 * GIB)]),
+        FakeGpu(uuid=uuid(1), used_gib=30, processes=[(foreign_pid(), 30 * GIB)]),
         FakeGpu(uuid=uuid(2), used_gib=0.6, util=None, mig=None, processes=[(os.getpid(), None)]),
         FakeGpu(uuid=uuid(3), used_gib=60, util=97),
     ]
@@ -101,7 +102,7 @@ def test_fake_nvml_several_gpus_one_busy(monkeypatch: pytest.MonkeyPatch) -> Non
     g0, g1, g2, g3 = res.gpus
     assert g0.memory_total_bytes == 140 * GIB and g0.memory_free_bytes == int(139.5 * GIB)
     assert g0.compute_capability == "9.0" and g0.mig_enabled is False
-    assert g1.foreign_processes[0].pid == FOREIGN_PID
+    assert g1.foreign_processes[0].pid == foreign_pid()
     assert g1.foreign_processes[0].used_memory_bytes == 30 * GIB
     # Our own process on GPU 2 is not foreign; unsupported fields become notes, not errors.
     assert g2.processes is not None and g2.processes[0].own and g2.foreign_processes == ()
@@ -113,7 +114,8 @@ def test_fake_nvml_several_gpus_one_busy(monkeypatch: pytest.MonkeyPatch) -> Non
     assert res.advice.free_gpus == (0, 2)
     busy = {b.index: b.reason for b in res.advice.busy_gpus}
     assert set(busy) == {1, 3}
-    assert busy[1].startswith("1 foreign process(es): pid 4190000") and "30.0 GiB" in busy[1]
+    assert busy[1].startswith(f"1 foreign process(es): pid {foreign_pid()}")
+    assert "30.0 GiB" in busy[1]
     assert "60.0 GiB of 140.0 GiB in use (43%)" in busy[3]
 
     # The seeds' rule on free GPUs only: (free - 2.5 GiB headroom) // model size.
@@ -335,3 +337,27 @@ def test_the_worker_ceiling_is_every_core_with_gpus_and_twice_them_without() -> 
     assert (free.cpu_workers, free.ceiling_workers, free.ranks) == (7, 16, 2)
     capped = limits_from(machine, max_workers=3, local_world_size=2, memory_budget_bytes=None)
     assert (capped.cpu_workers, capped.ceiling_workers) == (3, None)  # a hard cap, never passed
+
+
+def test_gpus_seen_from_a_container_are_judged_by_memory_not_by_unmatched_pids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In a container NVML lists host PIDs: this job's own process is one of them and matches
+    # nothing here. It is neither ours nor foreign by its pid; the memory in use decides.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    res = inspect_resources(nvml=FakeNvml([
+        FakeGpu(uuid=uuid(0), used_gib=2.5, processes=[(HOST_PID, 2 * GIB)]),
+        FakeGpu(uuid=uuid(1), used_gib=40.5, processes=[(HOST_PID + 1, 40 * GIB)]),
+    ]))  # fmt: skip
+    g0, g1 = res.gpus
+    assert g0.foreign_processes == () and [p.pid for p in g0.unseen_processes] == [HOST_PID]
+    assert not g0.unseen_processes[0].own
+    assert res.advice.free_gpus == (0,)
+    (busy,) = res.advice.busy_gpus
+    assert busy.index == 1
+    assert "40.5 GiB of 140.0 GiB in use (29%) by pid(s) 4190001 that name no" in busy.reason
+    assert "pass the GPUs explicitly" in busy.reason
+    # What this process's torch holds there is its own: with the 40 GiB in its allocator the
+    # GPU is free again.
+    mine = dataclasses.replace(g1, torch_reserved_bytes=40 * GIB)
+    assert derive_advice(res.cpu, (g0, mine)).free_gpus == (0, 1)
