@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 from benchmarks.runner import Config, Measurement, report, run_ab
+from lightning_maxtp.resources.host import probe_cpus
 
 
 def timed_fit(
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     spec = JpegSpec(images=args.images, image_size=args.image_size)
     root = generate_jpeg_dataset(default_data_dir(spec), spec)
     dataset = JpegFolderDataset(root, args.crop, read_latency_s=args.read_latency_ms / 1000)
-    cpus = len(os.sched_getaffinity(0))
+    cpus = probe_cpus().effective  # affinity and the cgroup quota
     pin = args.device == "cuda"
     sweep: dict[str, tuple[LoaderSettings, float]] = {}
     grid = sorted({*range(cpus + 1), 2 * cpus, 4 * cpus})

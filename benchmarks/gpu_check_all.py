@@ -360,7 +360,9 @@ def run_all(
 
 def describe_machine() -> dict[str, Any]:
     """GPU names (through torch.cuda, in a short-lived process) and the usable CPU count."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from lightning_maxtp.resources.host import probe_cpus
+
+    cpus = probe_cpus().effective  # affinity and the cgroup quota
     try:
         out = subprocess.run(
             [sys.executable, "-c", DESCRIBE], capture_output=True, text=True, check=True,

@@ -48,6 +48,7 @@ from benchmarks.inference_jpeg import (  # noqa: E402
     timed,
 )
 from benchmarks.workloads.jpeg_inference import build_classifier, decode  # noqa: E402
+from lightning_maxtp.resources.host import probe_cpus  # noqa: E402
 
 FULL = {"images": 1024, "repeat": 8, "naive_images": 1024, "image_size": 320, "crop": 224,
         "model": "resnet50", "batch_size": 512, "rounds": 3, "pool_workers": 2}  # fmt: skip
@@ -92,7 +93,7 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     smoke = args.smoke or not cuda
     sizes = SMOKE if smoke else FULL
-    cpus = os.cpu_count() or 2
+    cpus = probe_cpus().effective  # affinity and the cgroup quota
     workers = max(1, cpus - 1)
     # Generating JPEGs is slow (one process, ~50 ms each): a set of unique files read
     # ``repeat`` times costs the same decode per item, from the page cache like a warm data set.

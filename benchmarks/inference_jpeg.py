@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -38,6 +37,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.workloads.jpeg_inference import build_classifier, decode, image_paths
+from lightning_maxtp.resources.host import probe_cpus
 
 SMOKE = {"images": 48, "image_size": 64, "crop": 32, "batch_size": 16, "rounds": 1}
 """Sizes ``--smoke`` uses (options given explicitly still win)."""
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--crop", type=int, default=112)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--workers", type=int, default=max(1, probe_cpus().effective - 1))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1, help="passes over the generated set")
     parser.add_argument("--data-dir", type=Path, default=None)
