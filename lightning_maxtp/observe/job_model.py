@@ -26,6 +26,9 @@ bounded below by what ``W`` loaders deliver (``load_s / W``) and by the step alo
 equation read the other way gives ``step_s`` from a window measured with workers (the step it
 saw was stretched).
 
+On CUDA the host's step time is launch time; the steps' CUDA events give the device's own time
+per sample (``device_s``), and no setting runs faster than it.
+
 Epochs: what each epoch boundary costs beyond a steady step (``Window.epoch_cost_s``: the
 workers starting again, the first batches, validation) is measured too. The part that is
 worker starts (``restart_s`` per loader that restarts, the train loader and the validation
@@ -169,6 +172,10 @@ class JobModel:
     loaders: int = 1
     """Loaders whose workers restart with these settings at every epoch (the train loader and
     the validation loaders that follow it)."""
+    device_s: float = 0.0
+    """CUDA: seconds per sample the device itself needs (the steps' events,
+    ``Window.device_step_s``); no setting of the loader makes the job faster. 0: unknown (the
+    host's step time, ``step_s``, is then the only bound)."""
 
     @property
     def free_cores(self) -> float:
@@ -235,6 +242,8 @@ class JobModel:
         most = max(workers, min(ram_cap, int(MAX_WORKERS_PER_CORE * cores)))
         # The loader's own batch_size is None behind a batch sampler (the switchable one too).
         batches, batch = ctx.epoch_batches, round(n / window.steps) if window.steps else None
+        device = whole.device_step_s
+        device_s = device * whole.steps / sum(whole.samples) if device and whole.samples else 0.0
         return cls(
             cores=cores,
             workers=workers,
@@ -253,6 +262,7 @@ class JobModel:
             batch_size=batch or 1,
             epoch_samples=batches * batch if batches and batch else None,
             loaders=1 + ctx.loaders_following,
+            device_s=device_s,
         )
 
     @property
@@ -264,16 +274,16 @@ class JobModel:
         """Predicted seconds per sample with ``workers`` loader workers, and what bounds them."""
         s, load = self.step_s, self.load_s
         if workers <= 0:
-            return s + load, "serial"
+            return max(s + load, self.device_s), "serial"
         k = min(float(workers), self.cores)
         cpu = self.displacing_s()
         a = s + cpu / k
         b = max(0.0, self.contention - 1 / k) * cpu * s
         t_cpu = (a + math.sqrt(a * a + 4 * b)) / 2
         t_loader = load / workers
-        t = max(t_cpu, t_loader, s)
+        t = max(t_cpu, t_loader, s, self.device_s)
         bound = "loader" if t == t_loader and t_loader > t_cpu else "cpu"
-        if t == s and s >= max(t_cpu, t_loader):
+        if t == max(s, self.device_s) and t >= max(t_cpu, t_loader):
             bound = "step"
         return t, bound
 

@@ -21,6 +21,7 @@ from lightning_maxtp.observe.gc_pauses import GcSummary
 from lightning_maxtp.observe.syncs import SyncCount
 
 __all__ = [
+    "MIN_SPAN_SHARE",
     "SPIKE_FACTOR",
     "CaptureSummary",
     "JobContext",
@@ -29,6 +30,11 @@ __all__ = [
     "combined_rate",
     "robust_rate",
 ]
+
+
+MIN_SPAN_SHARE = 0.5
+"""Share of a window's steps whose CUDA events must have completed for their mean span to stand
+for the window (the last few are still running when it closes; more missing: a stalled read)."""
 
 
 def _mean(values: tuple[float, ...]) -> float | None:
@@ -378,9 +384,32 @@ class Window:
         return n / max(n / rate - in_steps + cost * expected, 1e-12)
 
     @property
+    def device_step_s(self) -> float | None:
+        """CUDA: the mean time a step took on the device (its events), ``None`` without them.
+
+        What the host measures of a step on CUDA is launch time: the kernels run later,
+        possibly while the host waits for the next batch, so host time minus data wait says
+        nothing of the device. The events' span does: from the step's first work on the device
+        to its last (a device busy with the previous step delays the start event; launches
+        slower than the kernels stretch the span to them). ``None`` when fewer than
+        ``MIN_SPAN_SHARE`` of the steps' events had completed when the window closed.
+        """
+        spans = self.device_time_s
+        if not spans or len(spans) < MIN_SPAN_SHARE * self.steps:
+            return None
+        return statistics.fmean(spans)
+
+    @property
     def device_samples_per_s(self) -> float:
-        """Samples per second the device could consume if data never kept it waiting."""
+        """Samples per second the device could consume if data never kept it waiting.
+
+        The steps' host time less their data wait, or the device's own time (``device_step_s``)
+        when it is longer: the device runs no faster than either.
+        """
         busy = self.total_s - sum(self.data_wait_s)
+        device = self.device_step_s
+        if device is not None:
+            busy = max(busy, device * self.steps)
         return sum(self.samples) / busy if busy > 0 else 0.0
 
     @property

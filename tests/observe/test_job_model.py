@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lightning_maxtp.observe import JobContext, SamplerSeries, Window
@@ -214,3 +216,26 @@ def test_workers_that_restart_every_short_epoch_are_made_persistent() -> None:
     # Workers that persist already: nothing restarts, nothing is measured as a restart.
     kept = JobModel.from_window(epoch_window(4, persistent=True))
     assert kept is not None and kept.measured_restart_s() is None
+
+
+def test_on_cuda_the_devices_own_time_bounds_every_prediction() -> None:
+    # A GPU host: the host launches a step in 1 ms and waits 9 ms for data, while the CUDA
+    # events say the device needs 6 ms a step. Host time alone would promise 10x from workers;
+    # the device caps it at 10 / 6.
+    host = measured(
+        rate=3200, wait_share=0.9, wait_cpu_share=1.0, process_cores=1.0, device="cuda", cores=16
+    )
+    cuda = dataclasses.replace(host, device_time_s=(0.006,) * (host.steps - 2))
+    assert cuda.device_step_s == pytest.approx(0.006)
+    assert cuda.device_samples_per_s == pytest.approx(32 / 0.006)
+    assert host.device_samples_per_s == pytest.approx(32 / 0.001, rel=0.01)
+    blind, model = JobModel.from_window(host), JobModel.from_window(cuda)
+    assert blind is not None and model is not None
+    assert model.device_s == pytest.approx(0.006 / 32)
+    assert blind.predict(8).samples_per_s > 4 * 3200
+    best = model.predict(8)
+    assert best.samples_per_s == pytest.approx(32 / 0.006) and best.bound == "step"
+    assert model.predict(0).samples_per_s == pytest.approx(3200, rel=0.01)  # measured point
+    # Too few events completed (a window closed on a stalled read): the host's time stands.
+    few = dataclasses.replace(host, device_time_s=(0.006,) * 3)
+    assert few.device_step_s is None
