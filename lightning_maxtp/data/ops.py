@@ -178,13 +178,49 @@ def decode_packed(packed: torch.Tensor, device: torch.device | str) -> list[torc
     jpeg = [i for i, p in enumerate(payloads) if tuple(p[:2].tolist()) == _JPEG_MAGIC]
     images: list[torch.Tensor | None] = [None] * len(payloads)
     if jpeg:
-        decoded = decode_jpeg([payloads[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
-        for i, image in zip(jpeg, decoded, strict=True):
-            images[i] = image
+        batch = [payloads[i] for i in jpeg]
+        if device.type == "cuda":
+            decoded = _decode_on_own_stream(batch, device)
+        else:
+            decoded = decode_jpeg(batch, mode=ImageReadMode.RGB, device=device)
+        for i, done in zip(jpeg, decoded, strict=True):
+            images[i] = done
     for i, image in enumerate(images):
         if image is None:
             images[i] = decode_image(payloads[i], mode=ImageReadMode.RGB).to(device)
     return [image for image in images if image is not None]
+
+
+_DECODE_STREAMS: dict[int, Any] = {}
+"""One side stream per CUDA device for nvJPEG (created on first use)."""
+
+
+def _decode_on_own_stream(payloads: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Decode with nvJPEG on a stream of its own; hand its images over to the current stream.
+
+    nvJPEG's hardware decoder writes its outputs without waiting for the work already queued on
+    the stream it is given, and those outputs come from the caching allocator, which hands out
+    a block as soon as it is freed on that stream: a block the previous step's queued kernels
+    may still read, so the step computes on overwritten memory (wrong numbers, NaNs). On a
+    stream of its own the decoder's blocks come from that stream's pool, which no step kernel
+    reads; the current stream then waits for the decode, and each image is recorded on it so
+    that its block is not reused before the step is done with it.
+    """
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    device = torch.device("cuda", index)
+    side = _DECODE_STREAMS.get(index)
+    if side is None:
+        side = _DECODE_STREAMS[index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    current = torch.cuda.current_stream(device)
+    with torch.cuda.stream(side):
+        decoded = decode_jpeg(payloads, mode=ImageReadMode.RGB, device=device)
+    current.wait_stream(side)
+    for image in decoded:
+        image.record_stream(current)
+    return list(decoded)
 
 
 def _crop_box(

@@ -112,6 +112,62 @@ def test_decode_on_the_device_equals_pil_and_takes_png_too(tmp_path: Path) -> No
         assert image.dtype == torch.uint8 and torch.equal(image, want), path.name
 
 
+def test_cuda_decoding_runs_on_its_own_stream_and_hands_the_images_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nvJPEG writes before the work queued on its stream has run: decoding on the step's stream
+    # can overwrite blocks the previous step still reads. A fake CUDA records the order.
+    import torchvision.io
+
+    from lightning_maxtp.data import ops
+
+    calls: list[str] = []
+
+    class FakeStream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: FakeStream) -> None:
+            calls.append(f"{self.name} waits for {other.name}")
+
+    class Recorded(torch.Tensor):
+        def record_stream(self, stream: FakeStream) -> None:  # type: ignore[override]
+            calls.append(f"image recorded on {stream.name}")
+
+    current = FakeStream("step stream")
+    active = [current]
+
+    class Entered:
+        def __init__(self, stream: FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            active.append(self.stream)
+
+        def __exit__(self, *args: object) -> None:
+            active.pop()
+
+    def fake_decode(payloads: list[torch.Tensor], **kwargs: object) -> list[torch.Tensor]:
+        calls.append(f"decode {len(payloads)} on {active[-1].name} to {kwargs['device']}")
+        return [torch.zeros(3, 2, 2, dtype=torch.uint8).as_subclass(Recorded) for _ in payloads]
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream("decode stream"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: current)
+    monkeypatch.setattr(torch.cuda, "stream", Entered)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fake_decode)
+    monkeypatch.setattr(ops, "_DECODE_STREAMS", {})
+    pairs = write_jpegs(tmp_path, 2)
+    images = decode_packed(pack_encoded([read_file(str(p)) for p, _ in pairs]), "cuda")
+    assert len(images) == 2
+    assert calls == [
+        "decode 2 on decode stream to cuda:0",
+        "step stream waits for decode stream",
+        "image recorded on step stream",
+        "image recorded on step stream",
+    ]
+
+
 def test_decode_and_crop_on_the_device_match_the_cpu_pipeline(tmp_path: Path) -> None:
     """Whole-image crops (scale 1, the images' own ratio): only the resizers differ."""
     pairs = write_jpegs(tmp_path, 4, size=(48, 48))
