@@ -65,6 +65,47 @@ SMOKE = {"images": 48, "image_size": 48, "crop": 32, "batch": 8, "model": "resne
 TARGET = 4700.0
 
 
+def check_decoded_pixels(rows: list[dict[str, Any]], root: Path, gpu: bool, rounds: int) -> None:
+    """Check nvJPEG's pixels against the CPU's, decoded while the step's stream has work queued.
+
+    The hazard ``decode_packed`` guards against: each round queues work, then reads of tensors
+    of ones, frees those tensors while the reads are still queued, then decodes. A decoder
+    that writes into a freed block before the queued reads ran changes their sums. Decoders
+    differ by a grey level or two (IDCT), a corrupted image by far more.
+    """
+    from torchvision.io import read_file
+
+    from lightning_maxtp.data.ops import decode_packed, pack_encoded
+
+    files = sorted(root.rglob("*.jpg"))[:32]
+    if not files:
+        check(rows, "nvJPEG pixels vs CPU", False, f"no JPEG under {root}")
+        return
+    packed = pack_encoded([read_file(str(f)) for f in files])
+    want = [image.float() for image in decode_packed(packed, "cpu")]
+    device = "cuda" if gpu else "cpu"
+    side = 1024 if gpu else 64
+    worst, wrong_sums = 0.0, 0
+    for _ in range(rounds):
+        busy = torch.randn(side, side, device=device)
+        for _ in range(50):  # work queued ahead of the reads
+            busy = busy @ busy / side
+        ones = [torch.ones(side, side, device=device) for _ in range(16)]
+        sums = [t.sum() for t in ones]
+        del ones  # freed while their reads are still queued
+        images = decode_packed(packed, device)
+        wrong_sums += sum(float(total) != side * side for total in sums)
+        pairs = zip(images, want, strict=True)
+        worst = max(worst, *(float((a.cpu().float() - b).abs().mean()) for a, b in pairs))
+    ok = worst < 2.0 and wrong_sums == 0
+    detail = (
+        f"{len(files)} images x {rounds} rounds with work queued: worst mean difference "
+        f"{worst:.2f} grey levels, {wrong_sums} corrupted sums" + ("" if gpu else "; no GPU")
+    )
+    # On the CPU both sides are libjpeg: anything but equal is the check's own bug.
+    check(rows, "nvJPEG pixels vs CPU", ok if gpu else (None if ok else False), detail)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
@@ -88,6 +129,7 @@ def main() -> int:
         True,
         f"{spec.images} images in {time.perf_counter() - started:.0f} s",
     )
+    check_decoded_pixels(rows, root, gpu, rounds=20 if gpu else 2)
     steps = size["warmup"] + size["steps"]
     kwargs = {"batch_size": size["batch"], "num_workers": workers, "prefetch_factor": 4,
               "pin_memory": gpu, "persistent_workers": True, "drop_last": True}  # fmt: skip
