@@ -35,12 +35,14 @@ from lightning_maxtp.resources.host import probe_cpus
 
 def timed_fit(
     args: argparse.Namespace, dataset: Any, settings: Any, *, callback: Any = None,
-    classes: int = 10, resizable: bool = False,
+    classes: int = 10, resizable: bool = False, precision: str | None = None,
+    channels_last: bool = False,
 ) -> tuple[Measurement, Any]:  # fmt: skip
     """One fit: ``warmup`` untimed steps then ``steps`` timed ones; returns (measurement, cb).
 
     ``resizable``: the module builds its loader from its ``batch_size`` (``allow="all"`` may
     grow it), and the callback's ``fit_s`` is set to the whole fit's wall-clock.
+    ``precision`` and ``channels_last``: a hand configuration's own (``--expert``).
     """
     import dataclasses
     import time
@@ -54,7 +56,8 @@ def timed_fit(
     warmup = args.warmup_all if resizable else warmup
     timer = StepTimer(warmup, args.steps)
     trainer = pl.Trainer(
-        accelerator=args.device, devices=1, precision=args.precision, max_steps=warmup + args.steps,
+        accelerator=args.device, devices=1, precision=precision or args.precision,
+        max_steps=warmup + args.steps,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=[c for c in (callback, timer) if c is not None],
     )  # fmt: skip
@@ -75,7 +78,8 @@ def timed_fit(
         trainer.fit(Resizable(args.model, num_classes=classes))
     else:
         loader = make_loader(dataset, settings, steps=batches)
-        trainer.fit(ImageClassifier(args.model, num_classes=classes), train_dataloaders=loader)
+        module = ImageClassifier(args.model, num_classes=classes, channels_last=channels_last)
+        trainer.fit(module, train_dataloaders=loader)
     if callback is not None:
         callback.fit_s = time.perf_counter() - start
     assert timer.start is not None and timer.stop is not None
@@ -142,7 +146,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=3)
     p.add_argument("--loader-budget", type=float, default=8.0)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--sweep-workers", default=None, help="e.g. 0,4,8 (default: 0..CPUs)")
+    p.add_argument(
+        "--sweep-workers", default=None, help="e.g. 0,4,8 (default: 0..CPUs; 'none': no sweep)"
+    )
+    p.add_argument(
+        "--expert", action="store_true",
+        help="add the expert's hand configuration: batch 256, CPUs - 1 workers, prefetch 4, "
+        "pinned, persistent, bf16-mixed (on CUDA), channels_last",
+    )  # fmt: skip
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch.set_num_threads for every fit, as a user's script may set it",
@@ -189,7 +200,9 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     pin = args.device == "cuda"
     sweep: dict[str, tuple[LoaderSettings, float]] = {}
     grid = sorted({*range(cpus + 1), 2 * cpus, 4 * cpus})
-    if args.sweep_workers:
+    if args.sweep_workers == "none":
+        grid = []
+    elif args.sweep_workers:
         grid = [int(w) for w in args.sweep_workers.split(",")]  # type: ignore[assignment]
     for workers in grid:
         for prefetch in (None,) if workers == 0 else (2, 4):
@@ -199,8 +212,8 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
             rate = timed_fit(args, dataset, settings)[0].samples_per_s
             sweep[f"w{workers}-p{prefetch}"] = (settings, rate)
             print(f"sweep workers={workers} prefetch={prefetch}: {rate:.1f} samples/s", flush=True)
-    best_name = max(sweep, key=lambda k: sweep[k][1])
-    best = sweep[best_name][0]
+    best_name = max(sweep, key=lambda k: sweep[k][1], default=None)
+    best = sweep[best_name][0] if best_name is not None else None
     defaults = LoaderSettings(batch_size=args.batch_size)
     callbacks: list[Any] = []
 
@@ -214,8 +227,22 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     configs = [
         Config("lightning-defaults", lambda: timed_fit(args, dataset, defaults)[0], vars(defaults)),
         Config("callback", with_callback, {"loader": "defaults + MaxThroughputCallback()"}),
-        Config("sweep-best", lambda: timed_fit(args, dataset, best)[0], vars(best)),
     ]
+    if best is not None:
+        configs.append(Config("sweep-best", lambda: timed_fit(args, dataset, best)[0], vars(best)))
+    if args.expert:
+        expert = LoaderSettings(
+            batch_size=256 if not args.smoke else args.batch_size,
+            num_workers=max(1, cpus - 1) if not args.smoke else 1,
+            prefetch_factor=4, pin_memory=pin, persistent_workers=True,
+        )  # fmt: skip
+        precision = "bf16-mixed" if args.device == "cuda" else args.precision
+
+        def run_expert() -> Measurement:
+            return timed_fit(args, dataset, expert, precision=precision, channels_last=True)[0]
+
+        configs.append(Config("expert", run_expert, {**vars(expert), "precision": precision,
+                                                     "channels_last": True}))  # fmt: skip
     if args.also_allow == "all":
         every = {"loader": "defaults + MaxThroughputCallback(allow='all')"}
         configs.append(Config("callback-all", lambda: with_callback("all"), every))
@@ -235,11 +262,12 @@ def main(argv: list[str] | None = None, name: str = "callback_jpeg") -> dict[str
     result = type(result)(**{**result.__dict__, "params": params})
     report(result, json_out=args.out, table_out=args.table)
     ratios = result.ratios()
-    print(f"callback / sweep-best: {ratios['callback'] / ratios['sweep-best']:.3f}; "
-          f"callback / defaults: {ratios['callback']:.2f}x")  # fmt: skip
-    if "callback-all" in ratios:
-        print(f"callback-all / defaults: {ratios['callback-all']:.2f}x; callback-all / "
-              f"sweep-best: {ratios['callback-all'] / ratios['sweep-best']:.3f}")  # fmt: skip
+    for run in [n for n in ("callback", "callback-all") if n in ratios]:
+        against = [f"/ defaults: {ratios[run]:.2f}x"] + [
+            f"/ {other}: {ratios[run] / ratios[other]:.3f}"
+            for other in ("sweep-best", "expert") if other in ratios
+        ]  # fmt: skip
+        print(f"{run} " + "; ".join(against))
     return result.to_dict()
 
 

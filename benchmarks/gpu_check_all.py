@@ -1,44 +1,47 @@
-"""Every GPU check in one run that fits one 8-minute GPU slot, each in its own process.
+"""Every GPU check in one call on a lent GPU, each in its own process; rows kept as they come.
 
-Runs each ``benchmarks/gpu_check_*.py`` (found by glob, so a new check is not forgotten) one
-after another in a fixed order: the resource probe first (cheap, and when it is wrong every
-check after it is suspect), then by increasing expected cost (the loader before the callback,
-which builds on its tuning), so running short of time late in the run costs the fewest checks.
-Each script runs in a fresh interpreter (``sys.executable``, the repository root as working
-directory and first on ``PYTHONPATH``) in its own process group, with a time budget from
-``BUDGETS`` (seconds on one H200 with 16 CPUs, start-up included; they add up to less than the
-480 s deadline; the two JPEG training checks run with ``--quick``, see ``GPU_ARGS``, to fit).
-A script may also use what the scripts before it left unused of their budgets,
-never what the later ones are owed. One that runs out of time is killed with its children and
-recorded as ``timeout``, one that ends without a JSON last line as ``crashed``, and the others
-still run; a script that could not finish before the deadline is not started (``not run``, out
-of time).
+Two profiles. ``compact`` (the default, the first call on a lent machine: at most 6 minutes
+with ``timeout_s`` = 390): the preflight, then ``inspect``, ``callback`` (Lightning's defaults,
+``allow="safe"``, ``allow="all"`` and the expert's hand configuration on the JPEG ResNet-50
+job), ``data`` (nvJPEG's pixels, the data paths), ``loader``, ``batch_size``, ``strategy`` and
+``inference``, most valuable first; ``full`` runs every ``gpu_check_*.py`` (found by glob, so a
+new check is not forgotten; one no profile lists yet runs last) in a second call.
+
+Before the scripts: the **preflight** (a short-lived process: CUDA usable, NVML, the versions,
+the effective CPUs, ``/dev/shm``, whether NVML lists a process by its own pid, and what the
+probe makes of that process's GPU); with no usable GPU the run stops there, exit 2
+(``--no-require-gpu`` goes on). Then the JPEG sets the scripts read are generated once on
+every CPU into ``$MAXTP_DATA_DIR``, which the scripts share.
+
+Each script runs in a fresh interpreter (``sys.executable``, the repository root first on
+``PYTHONPATH``) in its own process group, with a time budget from its profile (seconds on one
+H200 with 16 CPUs, start-up included, estimated: nothing has run on a GPU yet). A script may
+also use what the scripts before it left unused of their budgets, never what the later ones
+are owed. One that runs out of time gets SIGTERM (``benchmarks.checks`` then prints its rows so
+far and exits), then SIGKILL with its children, and is recorded as ``timeout``; one that ends
+without a JSON last line as ``crashed``; a script that could not finish before the deadline is
+not started (``not run``, out of time).
+
+Every row is printed as it is measured and, with ``--out-dir DIR``, appended to
+``DIR/rows.jsonl``; ``DIR/log.txt`` gets each script's command, status and whole output as it
+ends, and ``DIR/summary.json`` / ``DIR/summary.txt`` are rewritten after each script: four
+files, and a run cut short still leaves every finished row. The last line printed is a short
+JSON summary (``check``, ``profile``, ``smoke``, ``machine``, ``total_s``, ``scripts`` with
+their status and failed checks, ``failed``); exit 1 when a script is not ok.
 
 Why one process per script: each check leaves state behind (CUDA contexts, allocator caches,
 Lightning's launcher variables, a memory-fraction cap), and a crash or hang in one must not
-take the others with it. Why a GPU run describes the machine only after the checks, in a
-short-lived process: a CUDA context held by this process while they run would be a foreign
+take the others with it. This process never creates a CUDA context: it would be a foreign
 process on the GPU to the probe, the packer and the strategy planner.
 
-Per script it records the exit code, the status (``ok``, ``failed``, ``timeout``, ``crashed``,
-``not run``), the seconds, the script's own JSON last line (null when its last line is not
-JSON) and the names of its failed checks: its ``failed`` list, or else the entries of its
-``rows`` or ``checks`` with ``ok`` false (``gpu_check_diagnosis`` and ``gpu_check_inference``
-print their own JSON, without a ``failed`` list). A script is ``ok`` only with exit code 0, a
-JSON last line and no failed check. Prints one table, then one JSON line (``check``, ``smoke``,
-``machine``, ``total_s``, ``scripts``, ``failed``: the scripts not ok); exits 1 when a script
-is not ok.
+``--smoke`` passes ``--smoke`` to every script of the profile (CPU plumbing, tiny sizes):
+``SMOKE_JOBS`` at a time, longest first, each with one intra-op thread, reported in the
+profile's order. ``--results-dir DIR`` also keeps each script's output as
+``DIR/gpu_check_<name>.txt``; ``--only inspect,loader`` runs a subset; ``--deadline-s`` changes
+the profile's deadline. The device command is in ``benchmarks/GPU.md``.
 
-``--smoke`` passes ``--smoke`` to every script (CPU plumbing, tiny sizes). Each of them pays
-the torch and Lightning imports (~75 s one after another on 2 CPUs), so smoke mode runs
-``SMOKE_JOBS`` at a time, longest first, each with one intra-op thread, and reports them in
-the same fixed order. A GPU run is always one script at a time: each check measures the whole
-machine. ``--results-dir DIR`` keeps each script's full output (stdout, then stderr) as
-``DIR/gpu_check_<name>.txt``, for a person to commit; ``--only inspect,loader`` runs a subset;
-``--deadline-s`` gives the whole run more (or less) than 480 s.
-
-Usage: ``PYTHONPATH=. python benchmarks/gpu_check_all.py [--smoke] [--out FILE]
-[--results-dir DIR]``
+Usage: ``PYTHONPATH=. python benchmarks/gpu_check_all.py [--profile compact|full] [--smoke]
+[--out-dir DIR] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.checks import DATA_DIR_ENV, ROWS_ENV, SCRIPT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -78,40 +85,61 @@ class Budget:
 
 
 # None of the checks has run on a GPU yet, so need_s is read off each script for one H200 with
-# 16 CPUs (~5 s to import Lightning, JPEGs generated at ~9 ms and decoded at ~4 ms each on one
-# core, the 201 img/s of Lightning's defaults on the JPEG ResNet-50 workload). Run in full, the
-# two JPEG training checks alone need ~350 s, so here they run with --quick (half the images,
-# one round, a shorter sweep), which brings the whole run within the 480 s slot. Rebalance
-# these from the first real run's seconds (benchmarks/results/gpu_check_all_*.txt).
-BUDGETS: dict[str, Budget] = {
+# 16 CPUs (~5 s to import Lightning, JPEGs decoded at ~4 ms each on one core, the 201 img/s of
+# Lightning's defaults on the JPEG ResNet-50 workload); the JPEG sets are generated before the
+# scripts start, on every CPU. Rebalance these from the first real run's seconds
+# (benchmarks/results/gpu/).
+FULL: dict[str, Budget] = {
     "inspect": Budget(20, 20, 0.2, "5 CLI probes, a CUDA allocator process, 1 pytest"),
     "pack": Budget(50, 55, 17, "8 torch jobs x 3000 steps in turn, packed, on Ray if any; OOM x2"),
-    "inference": Budget(60, 75, 12, "1024 JPEGs made, 2 pools started, 3 rounds of 8192 images"),
+    "inference": Budget(60, 75, 12, "1024 JPEGs, 2 pools started, 3 rounds of 8192 images"),
     "strategy": Budget(60, 80, 4.4, "4 fresh fits of a 200 M MLP (1 FSDP + CPU offload), 1 pytest"),
     "diagnosis": Budget(70, 85, 4.8, "5 planted fits (512 JPEGs made), 6 x 200 steps, 8192^2 MLP"),
     "batch_size": Budget(80, 100, 8.7, "2 searches of 20 s (+25 %), Lightning's power, 1 pytest"),
-    "loader": Budget(60, 70, 7.3, "--quick: 1024 JPEGs made; 3 configs x 1 round of 25 steps"),
-    "callback": Budget(60, 90, 25, "--quick: 1024 JPEGs made; sweep 0/8/15, 3 fits of 120 steps"),
+    "loader": Budget(60, 70, 7.3, "--quick: 3 configs x 1 round of 25 steps"),
+    "callback": Budget(60, 90, 25, "--quick: sweep 0/8/15, 3 fits of 120 steps"),
     # Last: past the 480 s slot when every check uses its whole budget (then "not run";
     # `--only data` runs it alone).
-    "data": Budget(60, 80, 17, "--quick: 1024 JPEGs, pre-encoded once; 4 fits of 20 steps"),
+    "data": Budget(60, 80, 17, "--quick: nvJPEG pixels, pre-encoded once; 4 fits of 20 steps"),
 }
+COMPACT: dict[str, Budget] = {
+    # By value: the probe (every later row depends on it), the callback against the expert
+    # (the product's claim), then the data path, the loader plan, the batch search, the
+    # strategy, the inference pool.
+    "inspect": FULL["inspect"],
+    "callback": Budget(110, 110, 28, "--compact: defaults, safe, all, the expert: 4 fits"),
+    "data": Budget(50, 80, 17, "--quick: nvJPEG pixels, pre-encoded once; 4 fits of 20 steps"),
+    "loader": Budget(40, 60, 7.3, "--quick: 3 configs x 1 round of 25 steps"),
+    "batch_size": Budget(40, 100, 8.7, "2 searches of 20 s, Lightning's power, 1 pytest"),
+    "strategy": Budget(30, 80, 4.4, "4 fresh fits of a 200 M MLP (1 FSDP + CPU offload)"),
+    "inference": Budget(40, 50, 12, "--quick: 2 pools started, 1 round of 3072 images"),
+}
+"""The first call on a lent GPU: at most ``DEADLINES["compact"]`` seconds, the most valuable
+first. A script may use what the ones before it left; a late one past the deadline is not run."""
+PROFILES = {"compact": COMPACT, "full": FULL}
+DEADLINES = {"compact": 330.0, "full": 480.0}
+"""Seconds for the scripts (the preflight, the data sets and the machine's description come on
+top: about 30 s; the compact call is then at most 6 minutes)."""
+BUDGETS = FULL  # every script's budget (discovery order, smoke-mode concurrency)
 GPU_ARGS = {"loader": ["--quick"], "callback": ["--quick"], "data": ["--quick"]}
 """Arguments of the full (GPU) run; ``--smoke`` replaces them in smoke mode."""
+PROFILE_ARGS = {
+    "compact": {**GPU_ARGS, "callback": ["--compact"], "inference": ["--quick"]},
+    "full": GPU_ARGS,
+}
+SMOKE_ARGS = {"callback": ["--compact"]}
+"""Added to ``--smoke`` (the compact callback's plumbing: its expert and ``allow="all"`` runs)."""
+SHARED_SETS = ((1024, 288), (1024, 320))
+"""JPEG sets (images, side) the scripts read, generated once before they start."""
 NEW_SCRIPT = Budget(30, 30, 30, "not in BUDGETS: a default, started last")
-DEADLINE_S = 480.0
-MACHINE_S = 20.0  # kept for describing the machine at the end (torch import, CUDA init)
+DEADLINE_S = DEADLINES["full"]
+PREFLIGHT_S = 60.0  # torch and Lightning imported, a CUDA context, NVML, the probe
 KILL_GRACE_S = 5.0  # SIGTERM first: Lightning and DataLoader shut their worker processes down
 SMOKE_TIMEOUT_S = 120.0  # smoke runs take 0.2-25 s alone here; a loaded CI runner, 3x that
 SMOKE_JOBS = 3  # 2 CPUs: a third process fills the cores while the others import or sleep
 # Several torch processes with 2 intra-op threads each on 2 cores stall at their barriers
 # (measured here: resnet18 at batch 2 trained ~900x slower); one thread each shares fairly.
 SMOKE_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-DESCRIBE = (
-    "import json, torch; ok = torch.cuda.is_available(); "
-    "print(json.dumps([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]"
-    " if ok else []))"
-)
 
 
 @dataclass
@@ -127,6 +155,8 @@ class Outcome:
     result: dict[str, Any] | None = None
     failed_checks: list[str] | None = None
     detail: str = ""
+    output: str = ""
+    """Its command, status, stdout and stderr, as kept in the results (not in ``to_dict``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,7 +293,7 @@ def run_script(
     path_var = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     threads = SMOKE_THREADS if "--smoke" in args else {}
     threads = {k: v for k, v in threads.items() if k not in os.environ}  # a user's choice wins
-    env = {**os.environ, **threads, "PYTHONPATH": path_var}
+    env = {**os.environ, **threads, "PYTHONPATH": path_var, SCRIPT_ENV: name}
     command = [sys.executable, str(path), *args]
     # Files, not pipes: a grandchild that outlives the script cannot block reading its output.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -288,13 +318,15 @@ def run_script(
     detail = _detail(status, proc.returncode, data, stderr)
     if timed_out:
         detail = f"killed after {timeout_s:.0f} s; last output: {_last_line(stdout + stderr)}"
+    shown = " ".join([*(f"{k}={v}" for k, v in threads.items()), "PYTHONPATH=. python",
+                      str(path.relative_to(path.parents[1])), *args])  # fmt: skip
+    header = f"$ {shown}\n# {status}, exit code {proc.returncode}, {seconds:.1f} s\n"
+    output = header + stdout + (f"\n--- stderr ---\n{stderr}" if stderr else "")
     if results_dir is not None:
-        shown = " ".join([*(f"{k}={v}" for k, v in threads.items()), "PYTHONPATH=. python",
-                          str(path.relative_to(path.parents[1])), *args])  # fmt: skip
-        header = f"$ {shown}\n# {status}, exit code {proc.returncode}, {seconds:.1f} s\n"
-        body = stdout + (f"\n--- stderr ---\n{stderr}" if stderr else "")
-        (results_dir / f"{path.stem}.txt").write_text(header + body)
-    return Outcome(name, status, seconds, budget_s, timeout_s, proc.returncode, data, names, detail)
+        (results_dir / f"{path.stem}.txt").write_text(output)
+    return Outcome(
+        name, status, seconds, budget_s, timeout_s, proc.returncode, data, names, detail, output
+    )
 
 
 Runner = Callable[[str, Path, list[str], float, float, Path | None], Outcome]
@@ -309,6 +341,8 @@ def run_all(
     results_dir: Path | None = None,
     jobs: int = 1,
     runner: Runner = run_script,
+    extra_args: dict[str, list[str]] | None = None,
+    on_done: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     """Run the scripts within their budgets and the deadline; outcomes in ``scripts`` order.
 
@@ -321,6 +355,9 @@ def run_all(
         jobs: Scripts run at a time; with 1, a script may also use the time the ones before it
             left unused (it cannot with several: they share the clock).
         runner: Runs one script (tests pass a stand-in).
+        extra_args: Short name -> its arguments (default: ``GPU_ARGS``, or ``SMOKE_ARGS``
+            after ``--smoke``).
+        on_done: Called with each outcome as it comes (the results are rewritten then).
 
     Returns:
         One outcome per script.
@@ -340,12 +377,15 @@ def run_all(
             done[name] = Outcome(name, "not run", 0.0, budgets[name], 0.0,
                                  detail=f"out of time: {max(left, 0):.0f} s left")  # fmt: skip
         else:
-            args = ["--smoke"] if smoke else GPU_ARGS.get(name, [])
+            extra = (SMOKE_ARGS if smoke else GPU_ARGS) if extra_args is None else extra_args
+            args = ["--smoke"] * smoke + extra.get(name, [])
             done[name] = runner(name, scripts[name], args, budgets[name], timeout, results_dir)
         with lock:
             o = done[name]
             print(f"[{len(done)}/{len(scripts)}] {name}: {o.status} in {o.seconds:.1f} s",
                   flush=True)  # fmt: skip
+            if on_done is not None:
+                on_done(o)
 
     if jobs <= 1:
         for name in scripts:
@@ -358,79 +398,246 @@ def run_all(
     return [done[name] for name in scripts]
 
 
-def describe_machine() -> dict[str, Any]:
-    """GPU names (through torch.cuda, in a short-lived process) and the usable CPU count."""
-    from lightning_maxtp.resources.host import probe_cpus
+def table(outcomes: list[Outcome]) -> str:
+    """The scripts' table, one line each."""
+    lines = [f"{'script':<12} {'status':<8} {'seconds':>7} {'budget':>6}  failed checks / detail"]
+    lines += [
+        f"{o.name:<12} {o.status:<8} {o.seconds:>7.1f} {o.budget_s:>6.0f}  {o.detail}"
+        for o in outcomes
+    ]
+    return "\n".join(lines)
 
-    cpus = probe_cpus().effective  # affinity and the cgroup quota
+
+PREFLIGHT = r"""
+import importlib.metadata as md, json, os, shutil, sys
+out = {"python": sys.version.split()[0], "versions": {}}
+for pkg in ("torch", "torchvision", "lightning", "nvidia-ml-py", "psutil", "ray", "litdata"):
+    try:
+        out["versions"][pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+        out["versions"][pkg] = None
+import torch
+out["cuda"] = torch.cuda.is_available()
+out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+out["shm_free_gib"] = round(shutil.disk_usage("/dev/shm").free / 2**30, 1)
+out["own_pid_listed"] = None
+if out["cuda"]:
+    torch.ones(1, device="cuda")  # a context: NVML lists this process now, by some pid
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        pids = [p.pid for i in range(pynvml.nvmlDeviceGetCount())
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
+                    pynvml.nvmlDeviceGetHandleByIndex(i))]
+        out["own_pid_listed"] = os.getpid() in pids
+        out["nvml_pids"] = pids[:8]
+    except Exception as err:
+        out["nvml_error"] = f"{type(err).__name__}: {err}"
+from lightning_maxtp.resources import inspect_resources
+res = inspect_resources()
+out["cpus"] = res.cpu.effective
+out["free_gpus"] = list(res.advice.free_gpus)
+out["busy_gpus"] = [f"{b.index}: {b.reason}" for b in res.advice.busy_gpus]
+out["gpu_backend"] = res.gpu_backend
+print(json.dumps(out))
+"""
+"""What the first seconds on a lent machine must show: CUDA usable, NVML, the versions, the
+CPUs, ``/dev/shm``, and the PID self-check (whether NVML lists this process under its own pid:
+in a container it does not) with what the probe then makes of this process's own GPU."""
+
+
+def preflight(require_gpu: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``PREFLIGHT`` in a short-lived process; its facts and its rows (failed ones fail)."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", DESCRIBE], capture_output=True, text=True, check=True,
-            timeout=MACHINE_S, cwd=ROOT,
+            [sys.executable, "-c", PREFLIGHT], capture_output=True, text=True, check=True,
+            timeout=PREFLIGHT_S, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
-        gpus: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+        facts: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError) as err:
-        return {"device": f"unknown ({type(err).__name__})", "gpus": None, "cpus": cpus}
-    names = sorted(set(gpus))
-    device = ", ".join(f"{gpus.count(n)}x {n}" for n in names) if gpus else "cpu"
-    return {"device": device, "gpus": gpus, "cpus": cpus}
+        detail = getattr(err, "stderr", None) or str(err)
+        row = {"check": "preflight ran", "ok": False, "detail": _last_line(str(detail))}
+        return {"cuda": False, "gpus": None}, [row]
+    gpus = facts.get("gpus") or []
+    rows = [
+        {"check": "CUDA usable", "ok": bool(facts["cuda"]) if require_gpu else None,
+         "detail": ", ".join(gpus) or "no GPU"},
+        {"check": "versions", "ok": None, "detail": json.dumps(facts["versions"])},
+        {"check": "effective CPUs, /dev/shm", "ok": None,
+         "detail": f"{facts['cpus']} CPUs, {facts['shm_free_gib']} GiB free in /dev/shm"},
+        {"check": "NVML lists this process by its pid", "ok": None,
+         "detail": f"{facts.get('own_pid_listed')} (pids {facts.get('nvml_pids')}; "
+                   f"{facts.get('nvml_error') or 'NVML ok'}; backend {facts['gpu_backend']})"},
+        {"check": "the probe keeps this process's GPU free",
+         "ok": bool(facts["free_gpus"]) if gpus else None,
+         "detail": f"free {facts['free_gpus']}; busy {facts['busy_gpus']}"},
+    ]  # fmt: skip
+    return facts, rows
 
 
-def print_table(outcomes: list[Outcome]) -> None:
-    print(f"{'script':<12} {'status':<8} {'seconds':>7} {'budget':>6}  failed checks / detail")
-    for o in outcomes:
-        print(f"{o.name:<12} {o.status:<8} {o.seconds:>7.1f} {o.budget_s:>6.0f}  {o.detail}")
+def prepare_data(profile: str, smoke: bool) -> str:
+    """Generate the shared JPEG sets once, on every CPU; ``$MAXTP_DATA_DIR`` for the scripts."""
+    base = os.environ.setdefault(DATA_DIR_ENV, str(Path(tempfile.gettempdir()) / "maxtp_gpu_data"))
+    if smoke:
+        return "smoke: each script makes its own tiny set"
+    from benchmarks.workloads.jpeg import JpegSpec, default_data_dir, generate_jpeg_dataset
+    from lightning_maxtp.resources.host import probe_cpus
+
+    cpus = probe_cpus().effective
+    began = time.perf_counter()
+    for images, side in SHARED_SETS:
+        spec = JpegSpec(images=images, image_size=side)
+        generate_jpeg_dataset(default_data_dir(spec), spec, processes=cpus)
+    return f"{len(SHARED_SETS)} sets in {base} ({time.perf_counter() - began:.1f} s, {cpus} CPUs)"
+
+
+class Results:
+    """The ``--out-dir`` files, rewritten as each script ends: at most four, whatever happens.
+
+    ``rows.jsonl`` (every row of every script as measured, from ``benchmarks.checks``),
+    ``log.txt`` (each script's command, status and whole output), ``summary.json`` and
+    ``summary.txt`` (the table so far).
+    """
+
+    def __init__(self, folder: Path | None, profile: str, smoke: bool) -> None:
+        self.folder, self.profile, self.smoke = folder, profile, smoke
+        self.outcomes: list[Outcome] = []
+        self.facts: dict[str, Any] = {}
+        self.started = time.perf_counter()
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("rows.jsonl", "log.txt"):
+                (folder / name).write_text("")
+
+    def rows(self, script: str, rows: list[dict[str, Any]]) -> None:
+        """Rows this runner measured itself (the preflight)."""
+        for row in rows:
+            print(f"[{ {True: 'ok', False: 'FAIL', None: 'skip'}[row['ok']]}] {row['check']}: "
+                  f"{row['detail']}"[:400], flush=True)  # fmt: skip
+            if self.folder is not None:
+                with (self.folder / "rows.jsonl").open("a") as f:
+                    f.write(json.dumps({"script": script, **row}) + "\n")
+
+    def add(self, outcome: Outcome) -> None:
+        """One script ended: its output to the log, the summary rewritten."""
+        self.outcomes.append(outcome)
+        if self.folder is not None:
+            with (self.folder / "log.txt").open("a") as f:
+                f.write(outcome.output + "\n\n")
+            self.write()
+
+    def summary(self, whole: bool = False) -> dict[str, Any]:
+        """The run so far, short enough for the last lines of a device call's output.
+
+        ``whole``: with each script's exit code, budget and JSON result.
+        """
+        scripts = [
+            o.to_dict() if whole else
+            {"name": o.name, "status": o.status, "seconds": round(o.seconds, 1),
+             "failed_checks": o.failed_checks, "detail": o.detail[:200]}
+            for o in self.outcomes
+        ]  # fmt: skip
+        return {
+            "check": "gpu_check_all", "profile": self.profile, "smoke": self.smoke,
+            "machine": self.facts, "total_s": round(time.perf_counter() - self.started, 1),
+            "scripts": scripts, "failed": [o.name for o in self.outcomes if o.status != "ok"],
+        }  # fmt: skip
+
+    def write(self) -> None:
+        if self.folder is None:
+            return
+        (self.folder / "summary.json").write_text(json.dumps(self.summary(), indent=1) + "\n")
+        with (self.folder / "summary.txt").open("w") as f:
+            f.write(table(self.outcomes) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; print the table and one JSON line; return the exit code."""
+    saved = {name: os.environ.get(name) for name in (ROWS_ENV, DATA_DIR_ENV)}
+    try:
+        return _main(argv)
+    finally:  # the scripts' shared settings are this run's, not the caller's
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="pass --smoke to every script")
-    parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="compact",
+        help="compact: the first call on a GPU (6 minutes); full: every check",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, help="write the whole record (each script's JSON result) here"
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, help="rows.jsonl, log.txt, summary.json, summary.txt, as they come"
+    )
     parser.add_argument("--only", help="comma-separated short names, e.g. inspect,loader")
     parser.add_argument("--results-dir", type=Path, help="keep each script's output here")
-    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
-                        help=f"seconds for the whole run (default {DEADLINE_S:g})")  # fmt: skip
+    parser.add_argument("--deadline-s", type=float,
+                        help="seconds for the scripts (default: the profile's)")  # fmt: skip
+    parser.add_argument("--no-require-gpu", action="store_true",
+                        help="run a GPU profile even where CUDA is not usable")  # fmt: skip
     # For the tests and for measuring: stand-in scripts, one budget for all, smoke concurrency.
     parser.add_argument("--scripts-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=SMOKE_JOBS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    scripts = discover(args.scripts_dir)
+    profile = PROFILES[args.profile]
+    found = discover(args.scripts_dir)
+    # The profile's scripts in its order; a script no profile knows yet runs last.
+    scripts = {n: found[n] for n in profile if n in found}
+    scripts |= {n: p for n, p in found.items() if n not in FULL}
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in scripts]
+        unknown = [n for n in wanted if n not in found]
         if unknown:
-            parser.error(f"--only: unknown {unknown}; known: {', '.join(scripts)}")
-        scripts = {n: p for n, p in scripts.items() if n in wanted}
+            parser.error(f"--only: unknown {unknown}; known: {', '.join(found)}")
+        scripts = {n: p for n, p in found.items() if n in wanted}
     if args.results_dir is not None:
         args.results_dir.mkdir(parents=True, exist_ok=True)
     budgets = {
-        n: args.budget_s or (SMOKE_TIMEOUT_S if args.smoke else BUDGETS.get(n, NEW_SCRIPT).gpu_s)
+        n: args.budget_s
+        or (SMOKE_TIMEOUT_S if args.smoke else profile.get(n, FULL.get(n, NEW_SCRIPT)).gpu_s)
         for n in scripts
     }
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=1) as side:
-        # Smoke checks leave the GPU alone, so there the machine is described meanwhile.
-        described = side.submit(describe_machine) if args.smoke else None
-        outcomes = run_all(
-            scripts, smoke=args.smoke, budgets=budgets, results_dir=args.results_dir,
-            deadline_s=args.deadline_s - MACHINE_S, jobs=args.jobs if args.smoke else 1,
-        )  # fmt: skip
-        machine = described.result() if described else describe_machine()
-    total = time.perf_counter() - start
+    results = Results(args.out_dir, args.profile, args.smoke)
+    if args.out_dir is not None:
+        os.environ[ROWS_ENV] = str(args.out_dir / "rows.jsonl")  # the scripts append to it
+    require_gpu = not (args.smoke or args.no_require_gpu)
+    facts, rows = preflight(require_gpu)
+    results.facts = {**facts, "data": prepare_data(args.profile, args.smoke)}
+    results.rows("preflight", rows)
+    results.write()
+    if require_gpu and any(r["ok"] is False for r in rows):
+        line = json.dumps({**results.summary(), "failed": ["preflight"]})
+        print(line, flush=True)
+        if args.out:
+            args.out.write_text(line + "\n")
+        return 2  # no usable GPU: the checks would only measure the CPU fallback
+    deadline = args.deadline_s or DEADLINES[args.profile]
+    extra = SMOKE_ARGS if args.smoke else PROFILE_ARGS[args.profile]
+    outcomes = run_all(
+        scripts, smoke=args.smoke, budgets=budgets, results_dir=args.results_dir,
+        deadline_s=deadline, jobs=args.jobs if args.smoke else 1, extra_args=extra,
+        on_done=results.add,
+    )  # fmt: skip
+    results.outcomes = outcomes  # in the profile's order
+    results.write()
     print()
-    print_table(outcomes)
-    failed = [o.name for o in outcomes if o.status != "ok"]
-    print(f"machine: {machine['device']}, {machine['cpus']} CPUs; {total:.1f} s in all")
-    line = json.dumps({
-        "check": "gpu_check_all", "smoke": args.smoke, "machine": machine,
-        "total_s": round(total, 1), "scripts": [o.to_dict() for o in outcomes], "failed": failed,
-    })  # fmt: skip
-    print(line, flush=True)
+    print(table(outcomes))
+    summary = results.summary()
+    print(f"machine: {', '.join(facts.get('gpus') or []) or 'no GPU'}, {facts.get('cpus')} CPUs; "
+          f"{summary['total_s']:.1f} s in all")  # fmt: skip
+    print(json.dumps(summary), flush=True)
     if args.out:
-        args.out.write_text(line + "\n")
-    return 1 if failed else 0
+        args.out.write_text(json.dumps(results.summary(whole=True)) + "\n")
+    return 1 if summary["failed"] else 0
 
 
 if __name__ == "__main__":

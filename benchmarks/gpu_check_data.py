@@ -46,6 +46,7 @@ from benchmarks.workloads.jpeg import (  # noqa: E402
     ImageClassifier,
     JpegFolderDataset,
     JpegSpec,
+    default_data_dir,
     generate_jpeg_dataset,
 )
 from lightning_maxtp.data import (  # noqa: E402
@@ -110,7 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--quick", action="store_true", help="a shorter GPU run (gpu_check_all)")
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/maxtp_gpu_check_data"))
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: the shared sets")
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -122,7 +123,9 @@ def main() -> int:
     workers = max(res.cpu.effective - 1, 1)
     started = time.perf_counter()
     spec = JpegSpec(size["images"], size["image_size"], classes=10)
-    root = generate_jpeg_dataset(args.data_dir / spec.slug(), spec)
+    root = generate_jpeg_dataset(
+        (args.data_dir / spec.slug()) if args.data_dir else default_data_dir(spec), spec
+    )
     check(
         rows,
         "JPEG data set",

@@ -44,6 +44,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from benchmarks.checks import emit  # noqa: E402
 from lightning_maxtp.callbacks import BottleneckMonitor  # noqa: E402
 
 
@@ -216,14 +217,23 @@ def main() -> int:
         logging.getLogger(name).setLevel(logging.ERROR)
     gpu = torch.cuda.is_available() and not args.smoke
     rows = []
+    if args.overhead_rounds < 0:
+        parser.error(
+            f"--overhead-rounds must be >= 0 (0: not measured), got {args.overhead_rounds}"
+        )
     for name, expected, fn, needs_gpu in CASES:
         if needs_gpu and not gpu:
             rows.append({"case": name, "expected": expected, "named": None, "ok": None,
                          "detail": "skipped: no GPU"})  # fmt: skip
-            continue
-        rows.append(run_case(name, expected, fn))
-        print(f"{name}: expected {expected}, named {rows[-1]['named']}", flush=True)
-    over = overhead(args.overhead_rounds) if gpu else {"skipped": "no GPU"}
+        else:
+            rows.append(run_case(name, expected, fn))
+            rows[-1].setdefault("detail", f"expected {expected}, named {rows[-1]['named']}")
+        emit(rows[-1])
+    over = (
+        {"skipped": "no GPU"} if not gpu
+        else {"skipped": "--overhead-rounds 0"} if args.overhead_rounds == 0
+        else overhead(args.overhead_rounds)
+    )  # fmt: skip
     print()
     print(f"{'case':<22} {'expected':<14} {'named':<14} {'ok':<5} conf  first knob / detail")
     for r in rows:

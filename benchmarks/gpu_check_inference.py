@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.checks import add  # noqa: E402
 from benchmarks.inference_jpeg import (  # noqa: E402
     DecodeDataset,
     _shutdown_loader,
@@ -52,6 +53,8 @@ from lightning_maxtp.resources.host import probe_cpus  # noqa: E402
 
 FULL = {"images": 1024, "repeat": 8, "naive_images": 1024, "image_size": 320, "crop": 224,
         "model": "resnet50", "batch_size": 512, "rounds": 3, "pool_workers": 2}  # fmt: skip
+QUICK = {**FULL, "repeat": 3, "rounds": 1}
+"""``--quick`` (``gpu_check_all``'s compact profile): 3,072 images, one round."""
 SMOKE = {"images": 48, "repeat": 1, "naive_images": 16, "image_size": 64, "crop": 32,
          "model": "resnet18", "batch_size": 16, "rounds": 1, "pool_workers": 2}  # fmt: skip
 REFERENCE = {"naive": 289.0, "expert": 5036.0}
@@ -88,11 +91,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="3,072 images, one round")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     smoke = args.smoke or not cuda
-    sizes = SMOKE if smoke else FULL
+    sizes = SMOKE if smoke else QUICK if args.quick else FULL
     cpus = probe_cpus().effective  # affinity and the cgroup quota
     workers = max(1, cpus - 1)
     # Generating JPEGs is slow (one process, ~50 ms each): a set of unique files read
@@ -142,9 +146,9 @@ def main() -> int:
         result = run_ab("gpu_check_inference", configs, rounds=sizes["rounds"], params=params)
         # Worker processes only: an inline model (the CPU smoke) lives in this process.
         for info in [i for i in pools[0].worker_info if i["pid"] != os.getpid()]:
-            checks.append({"check": "worker did not import lightning",
+            add(checks, {"check": "worker did not import lightning",
                            "ok": not info["lightning_imported"], "detail": str(info)})  # fmt: skip
-            checks.append({
+            add(checks, {
                 "check": "worker isolated to its GPU, bf16 autocast",
                 "ok": (info["cuda_visible_devices"] not in (None, "") and info["autocast"]
                        == "torch.bfloat16") if cuda else None,
@@ -170,12 +174,12 @@ def main() -> int:
         "pool_vs_bound": round(best_pool / bound, 3),
         "reference": REFERENCE,
     }
-    checks.append({
+    add(checks, {
         "check": "pool with batch_size='auto' >= the expert loop's anchor (5,036 img/s)",
         "ok": medians["pool"] >= REFERENCE["expert"] if cuda else None,
         "detail": f"pool {medians['pool']:.0f} img/s; {params['pool plan']!r}",
     })  # fmt: skip
-    checks.append({
+    add(checks, {
         "check": "pool >= expert loop", "ok": best_pool >= medians["expert"] if cuda else None,
         "detail": f"pool {best_pool:.0f} vs expert {medians['expert']:.0f} img/s"
                   + ("" if cuda else " (CPU smoke: not the target)"),

@@ -41,6 +41,7 @@ from benchmarks.workloads.jpeg import (  # noqa: E402
     JpegFolderDataset,
     JpegSpec,
     LoaderSettings,
+    default_data_dir,
     generate_jpeg_dataset,
     make_loader,
 )
@@ -59,7 +60,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--quick", action="store_true", help="a shorter GPU run (gpu_check_all)")
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/maxtp_gpu_check_loader"))
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: the shared sets")
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -72,7 +73,9 @@ def main() -> int:
 
     start = time.perf_counter()
     spec = JpegSpec(size["images"], size["image_size"], classes=10)
-    root = generate_jpeg_dataset(args.data_dir / spec.slug(), spec)
+    root = generate_jpeg_dataset(
+        (args.data_dir / spec.slug()) if args.data_dir else default_data_dir(spec), spec
+    )
     dataset = JpegFolderDataset(root, crop=size["crop"])
     check(
         rows, "JPEG data set", True, f"{len(dataset)} images in {time.perf_counter() - start:.0f} s"

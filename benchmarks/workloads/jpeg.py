@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import transforms
 
+from benchmarks.checks import DATA_DIR_ENV
 from benchmarks.workloads.common import ClassifierModule, LoaderSettings, make_loader
 from lightning_maxtp.data import ToUint8
 
@@ -84,7 +86,13 @@ class JpegSpec:
 
 
 def default_data_dir(spec: JpegSpec) -> Path:
-    """Where a spec's images go by default: ``$XDG_CACHE_HOME/lightning_maxtp/<slug>``."""
+    """Where a spec's images go by default.
+
+    ``$MAXTP_DATA_DIR/<slug>``, else ``$XDG_CACHE_HOME/lightning_maxtp/<slug>``.
+    """
+    base = os.environ.get(DATA_DIR_ENV)
+    if base:
+        return Path(base) / spec.slug()
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "lightning_maxtp" / spec.slug()
 
@@ -121,7 +129,7 @@ def _image_path(root: Path, spec: JpegSpec, index: int) -> Path:
     return root / f"class_{index % spec.classes:03d}" / f"{index:06d}.jpg"
 
 
-def generate_jpeg_dataset(root: Path | str, spec: JpegSpec) -> Path:
+def generate_jpeg_dataset(root: Path | str, spec: JpegSpec, processes: int = 1) -> Path:
     """Write an ImageFolder-style JPEG data set under ``root``, unless it is already there.
 
     Layout: ``root/class_000/000000.jpg``, ... with image ``i`` in class ``i % classes``. The
@@ -132,6 +140,7 @@ def generate_jpeg_dataset(root: Path | str, spec: JpegSpec) -> Path:
     Args:
         root: Target directory (created if needed).
         spec: What to generate.
+        processes: Processes that write the images (forked; each writes every n-th one).
 
     Returns:
         ``root`` as a Path.
@@ -151,15 +160,25 @@ def generate_jpeg_dataset(root: Path | str, spec: JpegSpec) -> Path:
     log.info("generating %d JPEG images (%d px) in %s", spec.images, spec.image_size, root)
     for label in range(spec.classes):
         (root / f"class_{label:03d}").mkdir()
-    axis = (np.arange(spec.image_size, dtype=np.float32) + 0.5) / spec.image_size
-    grid = np.meshgrid(axis, axis, indexing="ij")
-    for index in range(spec.images):
-        image = Image.fromarray(_image(spec, index, (grid[0], grid[1])))
-        image.save(_image_path(root, spec, index), format="JPEG", quality=spec.quality)
+    shares = [(root, spec, first, max(1, processes)) for first in range(max(1, processes))]
+    if len(shares) == 1:
+        _write_images(*shares[0])
+    else:
+        with multiprocessing.get_context("fork").Pool(len(shares)) as pool:
+            pool.starmap(_write_images, shares)
     tmp = root / (MANIFEST_NAME + ".tmp")
     tmp.write_text(json.dumps(wanted, indent=1) + "\n")
     tmp.replace(root / MANIFEST_NAME)
     return root
+
+
+def _write_images(root: Path, spec: JpegSpec, first: int, every: int) -> None:
+    """Write images ``first``, ``first + every``, ... of the set."""
+    axis = (np.arange(spec.image_size, dtype=np.float32) + 0.5) / spec.image_size
+    grid = np.meshgrid(axis, axis, indexing="ij")
+    for index in range(first, spec.images, every):
+        image = Image.fromarray(_image(spec, index, (grid[0], grid[1])))
+        image.save(_image_path(root, spec, index), format="JPEG", quality=spec.quality)
 
 
 class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):

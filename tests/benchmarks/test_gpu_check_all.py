@@ -31,11 +31,15 @@ def check_names() -> list[str]:
 def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) -> None:
     # ~75 s alone here, 143-158 s in CI's parallel pass; each script is killed after
     # SMOKE_TIMEOUT_S (three at a time), so only a hang of the runner itself gets this far.
+    record, out = tmp_path / "all.json", tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check_all.py", "--smoke", "--results-dir", str(tmp_path)],
+        [sys.executable, "benchmarks/gpu_check_all.py", "--smoke", "--profile", "full",
+         "--results-dir", str(tmp_path), "--out", str(record), "--out-dir", str(out)],
         capture_output=True, text=True, timeout=420, check=False, env=ENV, cwd=ROOT,
     )  # fmt: skip
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    short = json.loads(proc.stdout.strip().splitlines()[-1])
+    data = json.loads(record.read_text())
+    assert short["failed"] == data["failed"] and "result" not in short["scripts"][0]
     assert data["check"] == "gpu_check_all" and data["smoke"] is True
     names = [s["name"] for s in data["scripts"]]
     assert sorted(names) == check_names() and len(names) == len(set(names))
@@ -45,7 +49,17 @@ def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) ->
     assert not not_ok, (not_ok, proc.stdout[-3000:])
     assert data["failed"] == [] and proc.returncode == 0, proc.stderr[-2000:]
     assert all(s["exit_code"] == 0 and s["result"] is not None for s in data["scripts"])
-    assert data["machine"]["cpus"] >= 1 and data["machine"]["device"]
+    assert data["machine"]["cpus"] >= 1 and data["machine"]["cuda"] is False
+    # Every row as it was measured, tagged with its script; the preflight's first.
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert rows[0]["script"] == "preflight" and {r["script"] for r in rows} >= {*names}
+    assert sorted(p.name for p in out.iterdir()) == [
+        "log.txt",
+        "rows.jsonl",
+        "summary.json",
+        "summary.txt",
+    ]
+    assert json.loads((out / "summary.json").read_text())["failed"] == []
     kept = sorted(p.name for p in tmp_path.glob("*.txt"))
     assert kept == sorted(f"gpu_check_{name}.txt" for name in names)
     # gpu_check_pack's smoke mode trains two tiny jobs on the CPU and skips the GPU items; with
@@ -84,7 +98,9 @@ SCRIPTS = {
     """,
     "gpu_check_d_hangs.py": """
         import time
+        from benchmarks.checks import check
         print("started", flush=True)
+        check([], "measured before the hang", True, "kept")
         time.sleep(60)
     """,
     "gpu_check_e_late.py": """
@@ -101,17 +117,19 @@ def test_failed_crashed_timeout_and_out_of_time_are_reported(
     for name, body in SCRIPTS.items():
         (scripts / name).write_text(textwrap.dedent(body))
     (scripts / "gpu_check_all.py").write_text("raise SystemExit('the runner must skip itself')")
-    machine = {"device": "cpu", "gpus": [], "cpus": 1}
-    monkeypatch.setattr(gpu_check_all, "describe_machine", lambda: machine)  # no torch import
+    machine = {"cuda": False, "gpus": [], "cpus": 1}
+    monkeypatch.setattr(gpu_check_all, "preflight", lambda require: (machine, []))  # no torch
+    monkeypatch.setenv(gpu_check_all.DATA_DIR_ENV, str(tmp_path / "data"))
+    monkeypatch.setattr(gpu_check_all, "SHARED_SETS", ())
     # 3 s each; 5 s for the scripts: the hanging one starts, then nothing fits any more.
-    deadline = gpu_check_all.MACHINE_S + 5
     code = gpu_check_all.main([
-        "--scripts-dir", str(scripts), "--budget-s", "3", "--deadline-s", str(deadline),
+        "--scripts-dir", str(scripts), "--budget-s", "3", "--deadline-s", "5",
         "--results-dir", str(tmp_path / "out"), "--out", str(tmp_path / "all.json"),
+        "--out-dir", str(tmp_path / "dir"), "--no-require-gpu",
     ])  # fmt: skip
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    data = json.loads(line)
-    assert (tmp_path / "all.json").read_text().strip() == line
+    data = json.loads((tmp_path / "all.json").read_text())
+    assert json.loads(line)["failed"] == data["failed"]
     by_name = {s["name"]: s for s in data["scripts"]}
     assert list(by_name) == ["a_ok", "b_fails", "c_no_json", "d_hangs", "e_late"]
     assert {n: s["status"] for n, s in by_name.items()} == {
@@ -125,10 +143,21 @@ def test_failed_crashed_timeout_and_out_of_time_are_reported(
     assert by_name["d_hangs"]["exit_code"] != 0 and 3 <= by_name["d_hangs"]["seconds"] < 10
     assert "out of time" in by_name["e_late"]["detail"] and by_name["e_late"]["exit_code"] is None
     assert data["failed"] == ["b_fails", "c_no_json", "d_hangs", "e_late"] and code == 1
-    assert data["smoke"] is False and data["machine"] == machine
+    assert data["smoke"] is False and data["machine"]["cuda"] is False
     kept = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert kept == [f"{n[:-3]}.txt" for n in sorted(SCRIPTS) if "late" not in n]
     assert "started" in (tmp_path / "out" / "gpu_check_d_hangs.txt").read_text()
+    # Killed for its time, the hanging script still left its row: as measured, in the rows
+    # file, and in the JSON line it printed on SIGTERM.
+    rows = [json.loads(r) for r in (tmp_path / "dir" / "rows.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"script": "d_hangs", "check": "measured before the hang", "ok": True, "detail": "kept"}
+    ]
+    hung = by_name["d_hangs"]["result"]
+    assert hung["terminated"] is True and hung["rows"][0]["check"] == "measured before the hang"
+    summary = json.loads((tmp_path / "dir" / "summary.json").read_text())
+    assert [s["name"] for s in summary["scripts"]] == list(by_name)
+    assert "d_hangs" in (tmp_path / "dir" / "log.txt").read_text()
 
 
 def test_failed_check_names_from_each_json_shape() -> None:
@@ -145,3 +174,19 @@ def test_failed_check_names_from_each_json_shape() -> None:
     assert gpu_check_all.classify(0, False, None) == ("crashed", None)
     assert gpu_check_all.last_json("table\n{not json}\n") is None
     assert gpu_check_all.last_json('{"a": 1}\n\n') == {"a": 1}
+
+
+def test_the_compact_profile_fits_its_call_and_gpu_md_gives_the_command() -> None:
+    compact, full = gpu_check_all.COMPACT, gpu_check_all.FULL
+    assert list(compact)[:2] == ["inspect", "callback"]  # the probe, then the product's claim
+    assert set(compact) <= set(full)
+    # Every script within its budget ends before the deadline; the preflight and the data sets
+    # come on top, and the device call's timeout leaves a margin past all three.
+    assert sum(b.gpu_s for b in compact.values()) <= gpu_check_all.DEADLINES["compact"]
+    call = gpu_check_all.DEADLINES["compact"] + gpu_check_all.PREFLIGHT_S
+    assert call <= 6 * 60 + 30
+    text = (ROOT / "benchmarks" / "GPU.md").read_text()
+    assert "timeout_s=420" in text and call + 20 <= 420
+    assert "gpu_check_all.py --profile compact --out-dir \"$OUT/gpu\"" in text
+    for name, budget in compact.items():
+        assert f"| {name} | {budget.gpu_s:.0f} |" in text, name
