@@ -75,6 +75,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             "compute_capability": f"{props.major}.{props.minor}",
             "gpu_memory_total_bytes": int(props.total_memory),
             "tf32": torch.get_float32_matmul_precision() != "highest",
+            "tf32_conv": bool(torch.backends.cudnn.allow_tf32),
         }
     try:
         if resources is None:

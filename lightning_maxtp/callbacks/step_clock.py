@@ -213,7 +213,7 @@ class StepClock(Callback):
         now, cpu = time.perf_counter(), time.thread_time()
         flops = self.flops.after_batch()
         if flops is not None and self.context.flops_per_sample != flops:
-            self.update_context(flops_per_sample=flops)
+            self.update_context(flops_per_sample=flops, conv_flop_share=self.flops.conv_share)
         if self.flops.after_first_step(trainer):  # a peak the cache lacked: no step's time
             self.update_context(peaks=self.flops.peaks)
             now, cpu = time.perf_counter(), time.thread_time()

@@ -60,6 +60,8 @@ class FlopMeter:
         self.peaks: tuple[tuple[str, float], ...] = ()
         """The peak per dtype, ``(dtype, FLOP/s)``; ``()`` until read or measured (rank zero)."""
         self.flops_per_sample: float | None = None
+        self.conv_share: float | None = None
+        """Share of the counted FLOPs in convolutions (``None``: not counted here)."""
         self.notes: list[str] = []
         """What a user should know: the peak measured now, or why there is no MFU."""
         self._counter: Any = None
@@ -197,6 +199,7 @@ class FlopMeter:
             flops = int(counter.get_total_flops())
             if flops > 0:
                 self.flops_per_sample = flops / self._samples
+                self.conv_share = conv_flops(counter) / flops
             else:
                 self.notes.append("no MFU: the step ran no matmul, convolution or attention")
                 self._active = False
@@ -219,3 +222,14 @@ class FlopMeter:
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)
+
+
+def conv_flops(counter: Any) -> int:
+    """FLOPs a ``FlopCounterMode`` counted in convolutions (forward and backward).
+
+    They run in cuDNN, whose TF32 switch (``torch.backends.cudnn.allow_tf32``, on by default)
+    is not the matmuls' (``set_float32_matmul_precision``): the peak they are measured against
+    differs from the matmuls' in fp32.
+    """
+    counts = counter.get_flop_counts().get("Global", {})
+    return int(sum(n for op, n in counts.items() if "convolution" in str(op)))

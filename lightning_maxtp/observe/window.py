@@ -93,8 +93,12 @@ class JobContext:
     """Whether the ``gc`` knob is on (long-lived objects frozen, collections rarer)."""
     tf32: bool | None = None
     """Whether fp32 matmuls may run as TF32 (CUDA; the peak divided by is then TF32's)."""
+    tf32_conv: bool | None = None
+    """Whether fp32 convolutions may run as TF32 (cuDNN's own switch, on by default)."""
     flops_per_sample: float | None = None
     """FLOPs of one sample's forward and backward (counted on the first batch, or given)."""
+    conv_flop_share: float | None = None
+    """Share of those FLOPs in convolutions (``None``: not counted, e.g. a given count)."""
     peaks: tuple[tuple[str, float], ...] = ()
     """The device's measured matmul peak per dtype, ``(dtype, FLOP/s)`` (``resources.peak``)."""
 
@@ -107,12 +111,23 @@ class JobContext:
         """FLOP/s at ``samples_per_s`` against the measured peak of the dtype in force (MFU).
 
         ``None`` without a FLOP count; with a count but no peak of that dtype, a
-        ``Utilization`` whose ``error`` says so.
+        ``Utilization`` whose ``error`` says so. In fp32 on CUDA, convolutions and matmuls
+        each run at their own switch's peak (cuDNN's TF32 is on by default, the matmuls' off):
+        the peak is their mix by the counted FLOPs, the time each share takes at its own peak
+        (``conv_share``), and the dtype says so.
         """
         if self.flops_per_sample is None:
             return None
+        peaks = dict(self.peaks)
         dtype = self.peak_dtype
-        peak = dict(self.peaks).get(dtype, 0.0)
+        peak = peaks.get(dtype, 0.0)
+        share = self.conv_flop_share
+        # The tf32 knob turns both switches on: on, the convolutions run TF32 too.
+        conv = "tf32" if self.tf32_conv or self.tf32 else "fp32"
+        mixed = dtype in ("fp32", "tf32") and self.device_type == "cuda" and conv != dtype
+        if mixed and share and peak > 0 and peaks.get(conv, 0.0) > 0:
+            peak = 1 / (share / peaks[conv] + (1 - share) / peak)
+            dtype = f"{conv} convolutions ({share:.0%} of the FLOPs), {dtype} matmuls"
         return utilization(self.flops_per_sample, samples_per_s, peak, dtype)
 
     def to_dict(self) -> dict[str, Any]:

@@ -78,3 +78,45 @@ def test_a_matmul_heavy_cpu_job_runs_between_5_and_100_percent_of_the_measured_p
     best = max(best, peak())
     util = utilization(flops / 256, 256 / statistics.median(times), best, "fp32")
     assert util.mfu is not None and 0.05 < util.mfu <= 1.0, util
+
+
+def test_fp32_convolutions_on_cuda_are_measured_against_cudnns_tf32_peak() -> None:
+    # cuDNN runs fp32 convolutions as TF32 by default while the matmuls stay fp32: a conv net
+    # divided by the fp32 peak alone reads above 100 %. Each share takes its own peak's time.
+    from lightning_maxtp.observe import JobContext
+
+    peaks = (("fp32", 67e12), ("tf32", 494e12))
+    ctx = JobContext(
+        device_type="cuda", precision="32-true", tf32=False, tf32_conv=True, peaks=peaks,
+        flops_per_sample=1e9, conv_flop_share=0.9,
+    )  # fmt: skip
+    got = ctx.utilization_at(100_000)  # 100 TFLOP/s counted: above the fp32 peak
+    assert got is not None and got.mfu is not None
+    mixed = 1 / (0.9 / 494e12 + 0.1 / 67e12)
+    assert got.peak_flops_per_s == pytest.approx(mixed)
+    assert got.dtype == "tf32 convolutions (90% of the FLOPs), fp32 matmuls"
+    # Both switches alike, or no FLOP split: the one peak, as before.
+    same = JobContext(device_type="cuda", precision="32-true", tf32=True, tf32_conv=True,
+                      peaks=peaks, flops_per_sample=1e9, conv_flop_share=0.9)  # fmt: skip
+    assert same.utilization_at(1.0).dtype == "tf32"  # type: ignore[union-attr]
+    blind = JobContext(device_type="cuda", precision="32-true", tf32=False, tf32_conv=True,
+                       peaks=peaks, flops_per_sample=1e9)  # fmt: skip
+    assert blind.utilization_at(1.0).dtype == "fp32"  # type: ignore[union-attr]
+
+
+def test_the_convolutions_share_of_a_counted_step() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lightning_maxtp.callbacks.utilization import conv_flops
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.Flatten(), torch.nn.Linear(16 * 14 * 14, 10)
+    )
+    counter = FlopCounterMode(display=False)
+    with counter:
+        net(torch.randn(2, 3, 16, 16)).sum().backward()
+    total, conv = counter.get_total_flops(), conv_flops(counter)
+    # forward 2 x (16 x 27 x 196) x 2 FLOPs for the convolution, 2 x 3136 x 10 x 2 for the
+    # linear; their backwards (the conv's input needs no gradient: weight only) likewise.
+    assert 0 < conv < total
+    assert conv == 2 * (2 * 16 * 27 * 196 * 2)
