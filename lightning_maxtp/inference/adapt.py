@@ -17,7 +17,7 @@ from lightning_maxtp._log import prefixed
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.inference.coordinator import Run, Slot, start_slot, stop_slots
 from lightning_maxtp.inference.memory import CONTEXT_BYTES, extra_copies
-from lightning_maxtp.inference.plan import MAX_WORKERS_PER_GPU
+from lightning_maxtp.inference.plan import MAX_WORKERS_PER_GPU, cpu_split
 from lightning_maxtp.inference.records import InferencePlan, WorkerSpec
 from lightning_maxtp.inference.shape import Verdict
 
@@ -157,8 +157,13 @@ class Adaptive:
         )
         self._decided(Verdict("copies", why))
         context = multiprocessing.get_context("spawn")
+        # The new copies share the cores with every copy now planned: their own split, not the
+        # first copy's (the copies already running keep theirs).
+        copies = len(self._slots) + extra
+        threads, io = cpu_split(self._cores, copies, self._io_threads)
+        spec = dataclasses.replace(slot.spec, torch_threads=threads, io_threads=io)
         for _ in range(extra):
-            new = Slot(len(self._slots), slot.spec)
+            new = Slot(len(self._slots), spec)
             self._slots.append(new)
             start_slot(context, new, self._payload)
             run.add_slot(new)

@@ -18,17 +18,27 @@ CONTEXT_BYTES = 512 * 1024**2
 every extra process on the GPU pays it again."""
 
 
-def copy_bytes(device: Any) -> int:
+def used_bytes(device: Any) -> int:
+    """Device memory in use on ``device`` by every process (creates this one's context)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
+
+
+def copy_bytes(device: Any, used_before: int | None = None) -> int:
     """Device memory one model copy holds after a batch: what the next copy will need too.
 
-    The allocator's peak reservation plus a CUDA context, or what the device reports used,
-    whichever is larger (the first copy is alone on its GPU when it reports).
+    The allocator's peak reservation plus a CUDA context, or what the device's use grew by
+    since ``used_before`` (read when this copy's context existed and its model did not; the
+    growth outside the allocator is cuBLAS/cuDNN workspaces) plus a context, whichever is
+    larger. Not the device's whole use: the parent's models or another copy are on it too.
     """
     import torch
 
     reserved = int(torch.cuda.max_memory_reserved(device))
-    free, total = torch.cuda.mem_get_info(device)
-    return max(reserved + CONTEXT_BYTES, int(total - free))
+    grown = used_bytes(device) - used_before if used_before is not None else 0
+    return max(reserved, grown) + CONTEXT_BYTES
 
 
 def extra_copies(

@@ -91,20 +91,27 @@ def plan_workers(
             f"`devices={devices!r}` left no usable GPU ({skipped}); free a GPU, lower "
             "`model_bytes`, or pass devices='cpu'"
         )
-    total = sum(per_gpu.values())
-    budget = max(1, (cores - total) // total)
-    threads = max(1, min(CPU_THREADS_PER_WORKER, budget // 4))
+    threads, io = cpu_split(cores, sum(per_gpu.values()), io_threads)
     workers = tuple(
         WorkerSpec(
-            f"cuda:{index}",
-            child_visible_id(index, resources.cuda_visible_devices),
-            threads,
-            io_threads or budget,
+            f"cuda:{index}", child_visible_id(index, resources.cuda_visible_devices), threads, io
         )
         for index, count in per_gpu.items()
         for _ in range(count)
     )
     return InferencePlan(workers, tuple(skipped), tuple(notes))
+
+
+def cpu_split(cores: int, copies: int, io_threads: int | None = None) -> tuple[int, int]:
+    """``(torch threads, I/O threads)`` of each of ``copies`` GPU workers sharing ``cores``.
+
+    Each copy's share of the cores its main threads leave: I/O threads load and decode (the
+    given ``io_threads``, else the whole share), torch threads a quarter of it, at most
+    ``CPU_THREADS_PER_WORKER``. More copies on the same cores: smaller shares.
+    """
+    copies = max(1, copies)
+    budget = max(1, (cores - copies) // copies)
+    return max(1, min(CPU_THREADS_PER_WORKER, budget // 4)), io_threads or budget
 
 
 def _gpu_ordinals(

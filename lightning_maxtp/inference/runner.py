@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_maxtp.inference.batching import default_collate, split_output, to_device, to_host
+from lightning_maxtp.inference.memory import used_bytes
 from lightning_maxtp.inference.records import ItemError, WorkerSpec
 
 Entries = list[tuple[int, Any]]
@@ -70,6 +71,11 @@ class BatchRunner:
             # Events, streams and the bf16 check use the current device: make it this one.
             torch.cuda.set_device(self.device)
         self.dtype = autocast_dtype(config["precision"], self.device)
+        self.used_before: int | None = None
+        """CUDA: the device's memory in use once this copy's context exists, before its model
+        (``memory.copy_bytes`` measures the copy from there)."""
+        if self.device.type == "cuda":
+            self.used_before = used_bytes(self.device)
         model = config["model_factory"]()
         if isinstance(model, torch.nn.Module):
             model = model.to(self.device).eval()

@@ -95,7 +95,7 @@ def _serve(conn: Connection, runner: BatchRunner) -> None:
                 send(conn, ("result", launched.batch_id, *runner.complete(launched)))
                 if not reported and runner.device.type == "cuda":
                     reported = True
-                    send(conn, ("memory", copy_bytes(runner.device)))
+                    send(conn, ("memory", copy_bytes(runner.device, runner.used_before)))
             launched = current
     finally:
         runner.close()

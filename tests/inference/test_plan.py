@@ -133,3 +133,30 @@ def test_a_pool_that_skips_a_busy_gpu_says_so_loudly(caplog: pytest.LogCaptureFi
     assert record.levelno == logging.WARNING
     assert "cuda:0 skipped (1 foreign process(es)" in record.getMessage()
     assert record.getMessage().endswith("the pool runs on the CPU")
+
+
+def test_more_copies_on_the_same_cores_get_smaller_shares() -> None:
+    from lightning_maxtp.inference.plan import cpu_split
+
+    # 16 cores: one copy loads on 15 I/O threads with 3 torch threads; four copies share the
+    # 12 cores their main threads leave (3 I/O threads each, 1 torch thread).
+    assert cpu_split(16, 1) == (3, 15)
+    assert cpu_split(16, 4) == (1, 3)
+    assert cpu_split(16, 4, io_threads=6) == (1, 6)  # the caller's choice stands
+    assert cpu_split(2, 8) == (1, 1)
+
+
+def test_one_copys_memory_is_what_it_added_not_the_devices_whole_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The parent holds 10 GiB of models on the GPU; the copy adds 4 GiB (3 in its allocator).
+    import torch
+
+    from lightning_maxtp.inference.memory import CONTEXT_BYTES, copy_bytes
+
+    total = 140 * GIB
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 3 * GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (total - 14 * GIB, total))
+    assert copy_bytes("cuda:0", used_before=10 * GIB) == 4 * GIB + CONTEXT_BYTES
+    # Without the reading before, only the allocator's own: never the whole device's use.
+    assert copy_bytes("cuda:0") == 3 * GIB + CONTEXT_BYTES
