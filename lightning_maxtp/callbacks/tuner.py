@@ -31,7 +31,7 @@ from lightning_maxtp.callbacks.loader_trial import (
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.callbacks.math_trial import MathTrials
 from lightning_maxtp.knobs.base import Offer
-from lightning_maxtp.knobs.registry import GUARDED
+from lightning_maxtp.knobs.registry import GUARDED, MATH_KNOBS, knob_class
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.job_model import JobModel
@@ -162,6 +162,7 @@ class Tuner:
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
         self._early_checked: int | None = None
+        self._extra_settle = (0, 0)  # (trial number, settle steps added to it)
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
         """The windows under the settings in force before one more trial began after tuning."""
@@ -297,6 +298,7 @@ class Tuner:
         """
         self._cut_losing(trainer)
         self._decided_baseline(trainer)
+        self._settle_longer(trainer)
         loader = self.loader
         if self._settle_left and self.loop.finished and loader is not None and loader.switched:
             self._settle_left -= 1
@@ -367,6 +369,30 @@ class Tuner:
                 "steps: judged now"
             )
             clock.close_window(trainer)
+
+    def _settle_longer(self, trainer: pl.Trainer) -> None:
+        """A compile's settle ends only once its steps run near the reference again.
+
+        Read at the last settle step of a knob that ``settles_until_steady`` (every rank is at
+        the same step; rank zero's step time decides, broadcast).
+        """
+        loop = self.loop
+        knob = loop.trial_knob
+        if loop.settle_left != 1 or knob not in MATH_KNOBS:
+            return
+        if not knob_class(knob).settles_until_steady:
+            return
+        if self._extra_settle[0] != len(loop.trials):
+            self._extra_settle = (len(loop.trials), 0)
+        longer = None
+        if trainer.is_global_zero:
+            log = self.monitor.clock.step_log
+            longer = bool(log) and loop.settle_longer(log[-1][1], self._extra_settle[1])
+        if trainer.world_size > 1:
+            longer = trainer.strategy.broadcast(longer, src=0)
+        if longer:
+            loop.extend_settle()
+            self._extra_settle = (len(loop.trials), self._extra_settle[1] + 1)
 
     def _decided_baseline(self, trainer: pl.Trainer) -> None:
         """Close the baseline window early when its first steps are data-bound beyond doubt.

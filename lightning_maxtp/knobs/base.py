@@ -111,6 +111,9 @@ class Knob(Protocol):
     registry's order)."""
     settle_steps: ClassVar[int]
     """Least steps after switching before a window starts."""
+    settles_until_steady: ClassVar[bool]
+    """Its settle goes on while a step runs far slower than the reference (a compile and its
+    recompiles), up to ``tuning.tuning_loop.MAX_EXTRA_SETTLE`` more steps."""
     min_budget_s: ClassVar[float]
     """Least tuning budget left (seconds) for its trial to be worth starting."""
     before_fit: ClassVar[bool]
@@ -150,6 +153,7 @@ class BaseKnob:
     devices: ClassVar[frozenset[str] | None] = None
     tried_for: ClassVar[Mapping[str, int]] = {}
     settle_steps: ClassVar[int] = 0
+    settles_until_steady: ClassVar[bool] = False
     min_budget_s: ClassVar[float] = 0.0
     before_fit: ClassVar[bool] = False
     context_field: ClassVar[str | None] = None

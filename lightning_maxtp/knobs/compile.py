@@ -4,9 +4,10 @@
 compiled lazily on the next call; the compiled callables are kept, so switching back and forth
 compiles once. Compiling takes steps no window measures at their cost: the trial settles for
 ``settle_steps`` (the first step compiles the forward and backward graphs, the second may
-recompile on a dynamo guard such as a shape), the excess time of those steps is counted in the
-tuning cost, and with less than ``min_budget_s`` of tuning budget left it is not tried (it
-could not pay back in time).
+recompile on a dynamo guard such as a shape) and on while a step still runs far slower than
+the reference (``settles_until_steady``: a recompile lands in no window), the excess time of
+those steps is counted in the tuning cost, and with less than ``min_budget_s`` of tuning
+budget left it is not tried (it could not pay back in time).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Compile(BaseKnob):
         "host_overhead": 0,
     }
     settle_steps = 2
+    settles_until_steady = True  # a cold ResNet-50 compile, then a recompile on a guard
     min_budget_s = 30.0  # a small conv net on two CPU cores; a ResNet-50 on a GPU takes longer
     context_field: ClassVar[str | None] = "compiled"
 

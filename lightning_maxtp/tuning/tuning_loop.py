@@ -107,6 +107,14 @@ def window_rate(window: Window) -> float:
     return window.fit_samples_per_s
 
 
+STILL_SETTLING = 3.0
+"""A step this many times the reference's median step is still compiling (a compile of a small
+conv net took 25 s here against a 50 ms step; noise stays well under 3x)."""
+MAX_EXTRA_SETTLE = 20
+"""Most settle steps added to one window's settle: a model that recompiles every step is
+measured as it is (and reverted) rather than settled forever."""
+
+
 @dataclass
 class _Trial:
     """The trial under way: the change, and its windows so far (the reference first)."""
@@ -249,6 +257,31 @@ class TuningLoop:
             admitted=admitted,
         )
         self._settle()
+
+    @property
+    def settle_left(self) -> int:
+        """Settle steps left before the trial's next window (0 outside a settle)."""
+        return self._settle_left if self.phase == "settle" else 0
+
+    def settle_longer(self, step_s: float, extended: int) -> bool:
+        """Whether the settle about to end runs one more step: its last step still compiled.
+
+        For a knob whose switch keeps working past its settle steps (``settles_until_steady``:
+        a compile, then the recompiles of a guard or a shape): the step just done took more
+        than ``STILL_SETTLING`` times the reference's median step, and ``extended`` steps
+        added so far are fewer than ``MAX_EXTRA_SETTLE``. Rank zero's reading decides under DDP.
+        """
+        ref = self.ref
+        if self.settle_left != 1 or self._trial is None or ref is None:
+            return False
+        if not self.measuring_new or extended >= MAX_EXTRA_SETTLE:
+            return False
+        return step_s > STILL_SETTLING * ref.median_step_s > 0
+
+    def extend_settle(self) -> None:
+        """One more settle step before the window (``settle_longer`` said so)."""
+        assert self.phase == "settle"
+        self._settle_left += 1
 
     def _settle(self) -> None:
         # Even with settle_steps=0 the window waits for the switch: until then the old workers

@@ -390,3 +390,29 @@ def test_a_first_window_that_misses_a_large_prediction_is_measured_again() -> No
     # Without a prediction, one losing window reverts at once.
     lp.start("prefetch_factor", {"prefetch_factor": 2}, {"prefetch_factor": 4}, "m", 40)
     assert lp.judge(window(101.0)) == "reverted"
+
+
+def test_a_compiles_settle_goes_on_while_its_steps_still_compile() -> None:
+    from lightning_maxtp.tuning.tuning_loop import MAX_EXTRA_SETTLE, STILL_SETTLING
+
+    lp = loop(settle_steps=2)
+    assert [lp.on_step(switched=False) for _ in range(2)] == [False, True]
+    lp.record_baseline(window(50.0), compute())
+    lp.start("compile", {"compile": False}, {"compile": True}, "fuses kernels", step=12)
+    assert lp.settle_left == 2 and not lp.settle_longer(30.0, 0)  # only at the last one
+    assert lp.on_step(switched=True) is False and lp.settle_left == 1
+    # A 30 s compile step, then a recompile: two more settle steps; a step near the
+    # reference's 50 ms again ends the settle and the window starts.
+    for slow_s in (30.0, 4.0):
+        assert lp.settle_longer(slow_s, extended=0)
+        lp.extend_settle()
+        assert lp.on_step(switched=True) is False and lp.settle_left == 1
+    assert not lp.settle_longer(STILL_SETTLING * 0.05 * 0.9, extended=2)
+    assert lp.on_step(switched=True) is True and lp.phase == "trial"
+    # A model that recompiles at every step is measured as it is after MAX_EXTRA_SETTLE.
+    lp2 = loop(settle_steps=1)
+    [lp2.on_step(switched=False) for _ in range(2)]
+    lp2.record_baseline(window(50.0), compute())
+    lp2.start("compile", {"compile": False}, {"compile": True}, "fuses kernels", step=12)
+    assert lp2.settle_longer(30.0, extended=MAX_EXTRA_SETTLE - 1)
+    assert not lp2.settle_longer(30.0, extended=MAX_EXTRA_SETTLE)
