@@ -187,6 +187,6 @@ def test_the_compact_profile_fits_its_call_and_gpu_md_gives_the_command() -> Non
     assert call <= 6 * 60 + 30
     text = (ROOT / "benchmarks" / "GPU.md").read_text()
     assert "timeout_s=420" in text and call + 20 <= 420
-    assert "gpu_check_all.py --profile compact --out-dir \"$OUT/gpu\"" in text
+    assert 'gpu_check_all.py --profile compact --out-dir "$OUT/gpu"' in text
     for name, budget in compact.items():
         assert f"| {name} | {budget.gpu_s:.0f} |" in text, name
