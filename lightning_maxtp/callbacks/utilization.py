@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp._log import prefixed
+from lightning_maxtp.observe.flops import flop_counter
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -172,9 +173,7 @@ class FlopMeter:
             self.notes.append(f"no MFU: {why}; pass `flops_per_batch=`")
             self._active = False
             return first
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._counter = FlopCounterMode(display=False)
+        self._counter = flop_counter()
         self._counter.__enter__()
         self._samples = max(1, samples)
         return True

@@ -120,3 +120,19 @@ def test_the_convolutions_share_of_a_counted_step() -> None:
     # linear; their backwards (the conv's input needs no gradient: weight only) likewise.
     assert 0 < conv < total
     assert conv == 2 * (2 * 16 * 27 * 196 * 2)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 64])
+def test_a_grouped_convolutions_backward_is_twice_its_forward(groups: int) -> None:
+    # torch's own formula counts the weight gradient of a grouped (depthwise) convolution as if
+    # it were dense: 65x the forward for 64 channels. By hand: 2 FLOPs per multiply-add, one
+    # per output position, weight element and sample, in the forward and in each gradient.
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups)
+    x = torch.randn(2, 64, 56, 56, requires_grad=True)
+    by_hand = 2 * 2 * 64 * (64 // groups) * 9 * 56 * 56
+    forward = count_flops(lambda: conv(x))
+    assert forward == by_hand
+    both = count_flops(lambda: conv(x).sum().backward())
+    assert both == 3 * by_hand  # forward, input gradient, weight gradient
+    x.requires_grad_(False)
+    assert count_flops(lambda: conv(x).sum().backward()) == 2 * by_hand  # weight gradient only
