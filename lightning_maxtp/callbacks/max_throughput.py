@@ -292,9 +292,13 @@ class MaxThroughputCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._monitor.on_exception(trainer, pl_module, exception)
-        # Lightning does not call ``teardown`` after an exception: process state goes back here.
+        # Lightning does not call ``teardown`` after an exception: process state goes back
+        # here, and the workers of the loader this callback switched stop (Lightning shuts
+        # down only the iterators it holds; the switched loader's would outlive the fit).
         self._tuner.knobs.threads.restore()
         self._tuner.math.restore()
+        if self._tuner.loader is not None:
+            self._tuner.loader.shutdown()
 
     # -- the loop ---------------------------------------------------------------------------
 

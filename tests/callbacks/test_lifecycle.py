@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 from torch.utils.data import DataLoader
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
@@ -106,3 +107,56 @@ def test_reloaded_loaders_keep_the_tuned_settings() -> None:
     assert trial.kept and callback.loader is not None
     assert callback.loader.settings()["num_workers"] == trial.new, "epoch 2's new loader too"
     assert callback.windows[-1].context.num_workers == trial.new
+
+
+class _BrokenAt(SleepDataset):
+    """A data set whose one sample raises ``KeyError`` (a missing label, a bad record)."""
+
+    def __init__(self, n: int, sleep_s: float, bad: int) -> None:
+        super().__init__(n, sleep_s)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> Any:
+        if index == self.bad:
+            raise KeyError(f"sample {index}")
+        return super().__getitem__(index)
+
+
+class _StepFailsAt(IdModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if batch_idx == 37:
+            raise KeyError(f"sample {batch_idx * 8}")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("where", ["dataset", "step"])
+def test_a_users_error_during_tuning_leaves_no_worker_and_puts_the_process_back(
+    where: str,
+) -> None:
+    import time
+
+    import psutil
+    import torch
+
+    threads = torch.get_num_threads()
+    callback = MaxThroughputCallback(
+        warmup_steps=2, window_steps=8, verbose=False, max_trials=3, sampler_interval_s=None,
+        cost_share=None,
+    )  # fmt: skip
+    data = _BrokenAt(480, 0.004, bad=300) if where == "dataset" else SleepDataset(480, 0.004)
+    model = IdModel() if where == "dataset" else _StepFailsAt()
+    loader = DataLoader(data, batch_size=8, num_workers=2)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    trainer = _trainer(callback, max_epochs=1)
+    with pytest.raises(KeyError, match=r"sample (296|300)"):  # the user's own error
+        trainer.fit(model, loader)
+    # Without waiting for the garbage collector: every worker the fit started is gone within
+    # a second (DataLoader's own shutdown joins them with a 5 s timeout at most).
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        if not left:
+            break
+        time.sleep(0.05)
+    assert not left, left
+    assert torch.get_num_threads() == threads
