@@ -110,8 +110,8 @@ COMPACT: dict[str, Budget] = {
     "callback": Budget(110, 110, 28, "--compact: defaults, safe, all, the expert: 4 fits"),
     "data": Budget(50, 80, 17, "--quick: nvJPEG pixels, pre-encoded once; 4 fits of 20 steps"),
     "loader": Budget(40, 60, 7.3, "--quick: 3 configs x 1 round of 25 steps"),
-    "batch_size": Budget(40, 100, 8.7, "2 searches of 20 s, Lightning's power, 1 pytest"),
-    "strategy": Budget(30, 80, 4.4, "4 fresh fits of a 200 M MLP (1 FSDP + CPU offload)"),
+    "batch_size": Budget(40, 40, 8.7, "--quick: 2 searches of 8 s, no Lightning, no pytest"),
+    "strategy": Budget(30, 60, 4.4, "--quick: 4 fresh fits of a 200 M MLP, no pytest"),
     "inference": Budget(40, 50, 12, "--quick: 2 pools started, 1 round of 3072 images"),
 }
 """The first call on a lent GPU: at most ``DEADLINES["compact"]`` seconds, the most valuable
@@ -124,11 +124,14 @@ BUDGETS = FULL  # every script's budget (discovery order, smoke-mode concurrency
 GPU_ARGS = {"loader": ["--quick"], "callback": ["--quick"], "data": ["--quick"]}
 """Arguments of the full (GPU) run; ``--smoke`` replaces them in smoke mode."""
 PROFILE_ARGS = {
-    "compact": {**GPU_ARGS, "callback": ["--compact"], "inference": ["--quick"]},
+    "compact": GPU_ARGS
+    | {"callback": ["--compact"], "inference": ["--quick"]}
+    | {"batch_size": ["--quick"], "strategy": ["--quick"]},
     "full": GPU_ARGS,
 }
-SMOKE_ARGS = {"callback": ["--compact"]}
-"""Added to ``--smoke`` (the compact callback's plumbing: its expert and ``allow="all"`` runs)."""
+SMOKE_ARGS = PROFILE_ARGS["compact"]
+"""Added to ``--smoke`` in either profile: the compact profile's own arguments (the callback's
+expert and ``allow="all"`` runs); the scripts' smoke sizes win over ``--quick``."""
 SHARED_SETS = ((1024, 288), (1024, 320))
 """JPEG sets (images, side) the scripts read, generated once before they start."""
 NEW_SCRIPT = Budget(30, 30, 30, "not in BUDGETS: a default, started last")

@@ -230,6 +230,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing run, tiny sizes")
     parser.add_argument("--binsearch", action="store_true", help="also Lightning's binsearch")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="8 s searches, no Lightning comparison, no pytest (gpu_check_all's compact run)",
+    )  # fmt: skip
     parser.add_argument("--fraction", type=float, default=0.25, help="memory fraction cap")
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/maxtp_gpu_check"))
@@ -238,7 +242,7 @@ def main() -> int:
     gpu = torch.cuda.is_available() and not args.smoke
     args.model, args.size, args.cap = ("resnet50", 224, 8192) if gpu else ("resnet18", 32, 16)
     args.precision = "bf16-mixed" if gpu else "32-true"
-    args.accelerator, args.budget = ("gpu", 20.0) if gpu else ("cpu", 10.0)
+    args.accelerator, args.budget = ("gpu", 8.0 if args.quick else 20.0) if gpu else ("cpu", 10.0)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
@@ -246,8 +250,12 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     ours = search_checks(rows, args, gpu)
-    theirs = lightning_checks(rows, args)
-    if gpu:
+    if args.quick and gpu:
+        theirs: dict[str, Any] = {}
+        check(rows, "lightning power", None, "skipped: --quick")
+    else:
+        theirs = lightning_checks(rows, args)
+    if gpu and not args.quick:
         run_gpu_tests(rows, "tests/batch_size/test_find.py", "cuda")
     print()
     return finish(

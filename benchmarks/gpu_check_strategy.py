@@ -199,6 +199,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="skip GPU items (CPU test run)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per fit")
+    parser.add_argument("--quick", action="store_true", help="no pytest (the compact run)")
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file")
     parser.add_argument("--item", help=argparse.SUPPRESS)  # internal: run one worker item
     args = parser.parse_args()
@@ -224,7 +225,8 @@ def main() -> int:
         check(rows, f"plan {billions}B params, bf16-mixed", None, detail)
     if gpus and not args.smoke:
         results = gpu_checks(rows, args.steps, gpus)
-        run_gpu_tests(rows, "tests/strategy/test_auto_maxtp.py", "real_gpu")
+        if not args.quick:
+            run_gpu_tests(rows, "tests/strategy/test_auto_maxtp.py", "real_gpu")
     else:
         results = {"cpu": run_item("cpu", args.steps)}
         fit_checks(rows, results["cpu"], "SingleDeviceStrategy", args.steps)
