@@ -8,7 +8,7 @@ stopped at the end), which shows the flow on one machine; on a cluster pass its 
 (``auto`` on a node of it, or ``ray://head:10001``), with ``lightning_maxtp`` installed on every
 node. The shell equivalent: ``maxtp pack --backend ray --jobs examples/pack_jobs.json``.
 
-Needs the ``[ray]`` extra (``pip install 'lightning-maxtp[ray]'``).
+Needs the ``[ray]`` extra (``pip install '.[ray]'`` in a clone of this repository).
 
 Usage: ``python examples/pack_ray.py [--seeds 4] [--steps 200] [--address auto]
 [--log-dir DIR]``

@@ -13,8 +13,8 @@ One record is corrupt: with ``on_error="return"`` its place holds an ``ItemError
 pool) or an error text (in Ray Data). Both results are checked against the model run here.
 
 Without ``--address`` it starts a local Ray instance with ``--cpus`` CPUs (and no dashboard);
-with it, it joins that cluster (``ray.init(address=...)``). Needs ``pip install
-'lightning-maxtp[ray]'``.
+with it, it joins that cluster (``ray.init(address=...)``). Needs ``pip install '.[ray]'`` in a
+clone of this repository.
 
 Usage: ``python examples/ray_inference.py [--items N] [--cpus N] [--address ADDR]``
 """
