@@ -324,6 +324,7 @@ class BottleneckMonitor(Callback):
             f"sampler source {name!r} failed and was disabled"
             for name in (sampler.failed if sampler else [])
         ]
+        notes += self.clock.missing_sources
         notes += self.clock.flops.notes
         return ThroughputReport(
             windows=tuple(self.windows),

@@ -101,6 +101,8 @@ class StepClock(Callback):
         self.samples_fn = samples_fn or count_samples
         self.sampler_interval_s = sampler_interval_s
         self.extra_sources = list(sources or [])
+        self.missing_sources: list[str] = []
+        """Why each expected sampler source did not start this fit (the report's notes)."""
         self.keep_windows = keep_windows
         self.listener = on_window
         self.flops = FlopMeter(enabled=mfu, flops_per_batch=flops_per_batch)
@@ -148,16 +150,22 @@ class StepClock(Callback):
         self._unwatch = watch_first_batch(
             trainer, lambda facts: self.update_context(data_facts=facts)
         )
+        missing = self.missing_sources = []
         sources: list[_sampler.Source | None] = [
             _sampler.try_source(
-                lambda: _sampler.ProcessCpuSource(exclude=_launched_ranks(trainer))
+                lambda: _sampler.ProcessCpuSource(exclude=_launched_ranks(trainer)),
+                "process CPU", missing,
             ),
-            _sampler.try_source(_sampler.SystemSource),
-        ]
+            _sampler.try_source(_sampler.SystemSource, "system CPU", missing),
+        ]  # fmt: skip
         device = trainer.strategy.root_device
         if device.type == "cuda":
-            sources.append(_sampler.try_source(lambda: _nvml_source(device)))
-            sources.append(_sampler.try_source(lambda: _sampler.TorchAllocatorSource(device)))
+            sources.append(_sampler.try_source(lambda: _nvml_source(device), "NVML", missing))
+            sources.append(
+                _sampler.try_source(
+                    lambda: _sampler.TorchAllocatorSource(device), "torch allocator", missing
+                )
+            )
         sources += self.extra_sources
         if self.sampler_interval_s is not None:
             self.sampler = _sampler.Sampler(sources, interval_s=self.sampler_interval_s)

@@ -263,12 +263,27 @@ class TorchAllocatorSource:
         }
 
 
-def try_source(factory: Callable[[], Source]) -> Source | None:
-    """Build a source, or None when it is unavailable here (no NVML, no CUDA...)."""
+def try_source(
+    factory: Callable[[], Source], name: str | None = None, missing: list[str] | None = None
+) -> Source | None:
+    """Build a source, or None when it is unavailable here (no NVML, no CUDA...).
+
+    With ``missing``, a source that was expected here and did not start says so: a line
+    naming ``name`` and the error is appended (the report's notes) and logged as a warning;
+    without, a debug line (a probe of what happens to be available).
+    """
     try:
         return factory()
-    except Exception as err:  # any failure to start only means "not available here"
-        log.debug("sampler source unavailable: %s", err)
+    except Exception as err:  # whatever a source's start raises, the others still run
+        if missing is None:
+            log.debug("sampler source unavailable: %s", err)
+            return None
+        text = (
+            f"sampler source {name or 'unnamed'} could not start ({type(err).__name__}: {err}): "
+            "the diagnosis runs without its readings"
+        )
+        missing.append(text)
+        log.warning(text)
         return None
 
 

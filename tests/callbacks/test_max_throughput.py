@@ -554,3 +554,21 @@ def test_a_change_named_after_tuning_is_tried_as_one_more_trial() -> None:
     changes = callback.report.to_dict()["knob_changes"]
     assert changes[0]["reason"].startswith("trying: ")
     assert callback.tuning.tuning_steps > 10, "the extra trial's steps count as tuning"
+
+
+def test_a_fit_length_lightning_cannot_estimate_is_a_note_not_a_silent_unbounded_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unknown(self: pl.Trainer) -> float:
+        raise RuntimeError("planted: no estimate")
+
+    monkeypatch.setattr(pl.Trainer, "estimated_stepping_batches", property(unknown))
+    callback = _callback(max_trials=1, cost_share=0.05)
+    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
+    _trainer([callback], max_steps=30).fit(IdModel(), loader)
+    notes = [n for n in callback.tuning.notes if "length is unknown" in n]
+    assert notes == [
+        "the fit's length is unknown (RuntimeError: planted: no estimate): no tuning budget "
+        "from cost_share; trials are bounded by max_trials and time_budget_s"
+    ]
+    assert callback.tuning.cost is not None and callback.tuning.cost.budget_s is None

@@ -84,6 +84,28 @@ def test_failing_source_is_logged_once_and_training_goes_on(
     assert len(clock.sampler.readings) > 1  # the other sources kept sampling
 
 
+def test_a_source_that_cannot_start_is_a_warning_and_a_note_in_the_report(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As NVML failing at start on a GPU host: before, a debug line, and the diagnosis ran
+    # without its readings while the report said nothing.
+    from lightning_maxtp.callbacks import BottleneckMonitor
+
+    def unplugged() -> Any:
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(_sampler, "SystemSource", unplugged)
+    monitor = BottleneckMonitor(window_steps=5, sampler_interval_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="lightning_maxtp.observe.sampler"):
+        planted.fit(*planted.well_fed_job(), [monitor], steps=12)
+    text = (
+        "sampler source system CPU could not start (RuntimeError: no driver): the diagnosis "
+        "runs without its readings"
+    )
+    assert [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()] == [text]
+    assert text in monitor.report.notes
+
+
 def test_sampler_rejects_bad_interval_and_builds_series() -> None:
     with pytest.raises(ValueError, match="`interval_s` must be > 0, got 0"):
         _sampler.Sampler([], interval_s=0)
