@@ -325,6 +325,9 @@ class BottleneckMonitor(Callback):
             for name in (sampler.failed if sampler else [])
         ]
         notes += self.clock.missing_sources
+        facts = self.clock.context.data_facts
+        if facts is not None and facts.unmeasured:
+            notes.append(facts.unmeasured)
         notes += self.clock.flops.notes
         return ThroughputReport(
             windows=tuple(self.windows),

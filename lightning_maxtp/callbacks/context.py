@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._compat.torch_modules import is_compiled
+from lightning_maxtp._log import prefixed
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
@@ -120,9 +121,13 @@ def _sample_costs(trainer: pl.Trainer) -> dict[str, Any]:
     try:
         with preserved_rng(loader):
             costs = measure_sample_costs(loader.dataset, count=4, budget_s=SAMPLE_COST_BUDGET_S)
-    except Exception as err:  # advisory: the diagnosis names a data path without it
-        log.debug("maxtp: sample costs not measured: %r", err)
-        return {}
+    except Exception as err:  # a sample, or the sampler's state: the diagnosis goes on
+        text = (
+            f"a sample's cost was not measured ({type(err).__name__}: {err}): the data path is "
+            "diagnosed without it"
+        )
+        log.warning(prefixed("%s"), text)
+        return {"unmeasured": text}
     if costs is None:
         return {}
     return {"per_sample_s": costs.per_sample_s, "decode_s": costs.decode_s, "files": costs.files}

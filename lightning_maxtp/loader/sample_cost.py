@@ -14,7 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SampleCosts", "batch_facts", "file_samples", "measure_sample_costs"]
+__all__ = ["SampleCosts", "SampleError", "batch_facts", "file_samples", "measure_sample_costs"]
+
+
+class SampleError(RuntimeError):
+    """A sample raised while its cost was timed (the dataset's own error is its cause)."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,8 @@ def measure_sample_costs(dataset: Any, count: int = 8, budget_s: float = 1.0) ->
         started = time.perf_counter()
         try:
             dataset[index]
-        except Exception:  # advisory: a dataset that cannot be indexed here is not timed
-            return None
+        except Exception as err:  # the dataset's own error, whatever its type
+            raise SampleError(f"dataset[{index}] raised {type(err).__name__}: {err}") from err
         spent.append(time.perf_counter() - started)
     files = file_samples(dataset)
     if files is None or len(files) != size:

@@ -11,13 +11,17 @@ limits inside workers.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp._log import prefixed
 from lightning_maxtp.loader.candidate import LOADER_KNOBS, LoaderCandidate
 from lightning_maxtp.loader.plan import LoaderPlan
 from lightning_maxtp.loader.worker_limits import unwrap_worker_init_fn
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -67,7 +71,7 @@ def _data_path(
     loader: DataLoader[Any], result: SearchResult, consumption_rate: float | None, cuda: bool
 ) -> DataPathAdvice | None:
     """The data path that fits when even the fastest setting is short of ``consumption_rate``."""
-    from lightning_maxtp.loader.sample_cost import measure_sample_costs
+    from lightning_maxtp.loader.sample_cost import SampleError, measure_sample_costs
     from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
 
     eligible = [c for c in result.candidates if c.complete and not c.note]
@@ -76,7 +80,11 @@ def _data_path(
     fastest = max(eligible, key=lambda c: c.samples_per_s)
     if fastest.samples_per_s >= consumption_rate:
         return None
-    costs = measure_sample_costs(loader.dataset)
+    try:
+        costs = measure_sample_costs(loader.dataset)
+    except SampleError as err:  # the advice goes on without a sample's cost, and says so
+        log.warning(prefixed("a sample's cost was not measured (%s): advised without it"), err)
+        costs = None
     facts = DataFacts(
         sample_bytes=fastest.sample_bytes,
         pixel_dtype=fastest.pixel_dtype,

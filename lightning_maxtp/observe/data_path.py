@@ -58,6 +58,7 @@ class DataFacts:
         per_sample_s: Seconds of one ``dataset[i]`` in one process.
         decode_s: Seconds to read and decode one sample's file.
         files: The files' format (``"jpeg"``, ``"png"``...) when the dataset lists them.
+        unmeasured: Why a sample's cost was not measured, when it failed (a note).
     """
 
     sample_bytes: int | None = None
@@ -65,6 +66,7 @@ class DataFacts:
     per_sample_s: float | None = None
     decode_s: float | None = None
     files: str | None = None
+    unmeasured: str | None = None
 
     @property
     def decode_share(self) -> float | None:

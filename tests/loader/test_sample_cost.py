@@ -87,3 +87,36 @@ def test_batch_facts_name_the_largest_image_tensor() -> None:
     samples, nbytes, dtype = batch_facts(batch)
     assert (samples, dtype) == (4, "uint8") and nbytes == 4 * 192 + 4 * 4 + 4 * 4 * 4
     assert batch_facts((torch.zeros(2, 5),))[2] is None
+
+
+class MainProcessFails(SlowFiles):
+    """Loads in workers only: in the training process it cannot open its store (a handle that
+    each worker opens for itself), and says so with its own error."""
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        if torch.utils.data.get_worker_info() is None:
+            raise KeyError(f"no store handle in this process for sample {index}")
+        return torch.zeros(3, 8, 8), self.samples[index][1] % 10
+
+
+def test_a_sample_that_raises_is_named_and_the_fit_reports_it(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    import pytest
+
+    from lightning_maxtp.callbacks import BottleneckMonitor
+    from lightning_maxtp.loader.sample_cost import SampleError
+    from tests.helpers.models import ConvModel
+
+    dataset = MainProcessFails(write_jpegs(tmp_path, 16))
+    with pytest.raises(SampleError, match=r"dataset\[0\] raised KeyError: .*no store handle"):
+        measure_sample_costs(dataset, count=4)
+    # In a fit, training goes on (its workers load fine) and the report says what is missing.
+    monitor = BottleneckMonitor(window_steps=3, sampler_interval_s=None)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor],
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=1)
+    trainer.fit(ConvModel(), loader)
+    (note,) = [n for n in monitor.report.notes if "sample's cost" in n]
+    assert note.startswith("a sample's cost was not measured (SampleError: dataset[0] raised")
