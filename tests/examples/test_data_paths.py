@@ -25,3 +25,8 @@ def test_every_data_path_trains_and_the_diagnosis_names_one(tmp_path: Path) -> N
     for path in ("uint8", "encoded", "pre-encoded"):
         assert re.search(rf"^{path} vs before: [\d.]+x samples/s$", out, re.M)
     assert "pre-encoded 96 samples as uint8" in out
+    # Each fit's diagnosis: a data-bound one names the data path to take, with its numbers.
+    named = re.findall(r"^ +the diagnosis names: (\w+) \(needs ~\d+ workers, (.*)\)$", out, re.M)
+    assert named, out  # every fit here waits on its loader (0 workers, 2 CPUs)
+    assert {path for path, _ in named} <= {"uint8_to_device", "gpu_decode", "pre_encode"}, named
+    assert all("short of the device's" in why for _, why in named), named

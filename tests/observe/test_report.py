@@ -112,8 +112,36 @@ def test_timeline_draws_blocked_spans_stalls_and_many_changes(tmp_path: Path) ->
         windows=(window,), diagnoses=(), step_log=tuple(steps), knob_changes=changes,
         spans=(("tuning", 0.1, 6.0), ("blocked", 5.5, 8.5)),
     )  # fmt: skip
-    written = report.write(tmp_path)
+    import matplotlib.figure
+
+    drawn: list[matplotlib.figure.Figure] = []
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
+        drawn.append(fig)
+        save(fig, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+        written = report.write(tmp_path)
     assert written["timeline.png"].stat().st_size > 10_000
     assert json.loads((tmp_path / "report.json").read_text())["spans"] == [
         ["tuning", 0.1, 6.0], ["blocked", 5.5, 8.5],
     ]  # fmt: skip
+    # Read from the figure itself: both spans shaded on the step plot, where they are.
+    (fig,) = drawn
+    top = fig.axes[0]
+    shaded = sorted(
+        (round(p.get_x(), 2), round(p.get_x() + p.get_width(), 2))
+        for p in top.patches if hasattr(p, "get_width")
+    )  # fmt: skip
+    assert shaded == [(0.1, 6.0), (5.5, 8.5)], shaded
+    texts = [t.get_text() for t in top.texts]
+    assert "loader measured alone\n3.0 s" in texts
+    # The 3 s stall: a marker at the top of the axis and a line that counts it.
+    stall = [c for c in top.collections if c.get_label() == "step above the axis"]
+    assert len(stall) == 1 and len(stall[0].get_offsets()) == 1
+    assert stall[0].get_offsets()[0][0] == pytest.approx(8.5)
+    assert any(t.startswith("1 step(s) above") and "longest 3.0 s" in t for t in texts), texts
+    # 20 changes: 20 dashed lines on each plot.
+    assert sum(line.get_linestyle() == "--" for line in top.lines) == 20
