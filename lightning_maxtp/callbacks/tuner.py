@@ -162,7 +162,6 @@ class Tuner:
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
         self._early_checked: int | None = None
-        self._extra_settle = (0, 0)  # (trial number, settle steps added to it)
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
         """The windows under the settings in force before one more trial began after tuning."""
@@ -382,17 +381,14 @@ class Tuner:
             return
         if not knob_class(knob).settles_until_steady:
             return
-        if self._extra_settle[0] != len(loop.trials):
-            self._extra_settle = (len(loop.trials), 0)
         longer = None
         if trainer.is_global_zero:
             log = self.monitor.clock.step_log
-            longer = bool(log) and loop.settle_longer(log[-1][1], self._extra_settle[1])
+            longer = bool(log) and loop.settle_longer(log[-1][1])
         if trainer.world_size > 1:
             longer = trainer.strategy.broadcast(longer, src=0)
         if longer:
             loop.extend_settle()
-            self._extra_settle = (len(loop.trials), self._extra_settle[1] + 1)
 
     def _decided_baseline(self, trainer: pl.Trainer) -> None:
         """Close the baseline window early when its first steps are data-bound beyond doubt.

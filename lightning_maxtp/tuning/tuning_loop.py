@@ -164,6 +164,7 @@ class TuningLoop:
         self.stop_reason = "the fit ended before tuning finished"
         self.converged = False
         self._settle_left = 0
+        self._extended = 0  # steps ``extend_settle`` added to the settle under way
         self._trial: _Trial | None = None
         self._t_start: float | None = None
         self._tuning_s: float | None = None
@@ -263,18 +264,18 @@ class TuningLoop:
         """Settle steps left before the trial's next window (0 outside a settle)."""
         return self._settle_left if self.phase == "settle" else 0
 
-    def settle_longer(self, step_s: float, extended: int) -> bool:
+    def settle_longer(self, step_s: float) -> bool:
         """Whether the settle about to end runs one more step: its last step still compiled.
 
         For a knob whose switch keeps working past its settle steps (``settles_until_steady``:
         a compile, then the recompiles of a guard or a shape): the step just done took more
-        than ``STILL_SETTLING`` times the reference's median step, and ``extended`` steps
-        added so far are fewer than ``MAX_EXTRA_SETTLE``. Rank zero's reading decides under DDP.
+        than ``STILL_SETTLING`` times the reference's median step, and this settle was
+        extended fewer than ``MAX_EXTRA_SETTLE`` times. Rank zero's reading decides under DDP.
         """
         ref = self.ref
         if self.settle_left != 1 or self._trial is None or ref is None:
             return False
-        if not self.measuring_new or extended >= MAX_EXTRA_SETTLE:
+        if not self.measuring_new or self._extended >= MAX_EXTRA_SETTLE:
             return False
         return step_s > STILL_SETTLING * ref.median_step_s > 0
 
@@ -282,12 +283,14 @@ class TuningLoop:
         """One more settle step before the window (``settle_longer`` said so)."""
         assert self.phase == "settle"
         self._settle_left += 1
+        self._extended += 1
 
     def _settle(self) -> None:
         # Even with settle_steps=0 the window waits for the switch: until then the old workers
         # still deliver batches they started under the previous settings.
         assert self._trial is not None
         self._settle_left, self.phase = self._trial.settle_steps, "settle"
+        self._extended = 0
 
     @property
     def measuring_new(self) -> bool:
