@@ -446,21 +446,16 @@ class Tuner:
 
     def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
         """The fit's expected length at the baseline rate, and what tuning may cost of it."""
+        why = "no max_steps, an unsized loader"
         try:
             batches = float(trainer.estimated_stepping_batches) * trainer.accumulate_grad_batches
         except Exception as err:  # Lightning's estimate fails its own way per loader/strategy
-            batches = math.inf
+            batches, why = math.inf, f"{type(err).__name__}: {err}"
+        if not math.isfinite(batches) and self.config.cost_share is not None:
             self.note(
-                f"the fit's length is unknown ({type(err).__name__}: {err}): no tuning budget "
-                "from cost_share; trials are bounded by max_trials and time_budget_s"
+                f"the fit's length is unknown ({why}): no tuning budget from cost_share; "
+                "trials are bounded by max_trials and time_budget_s"
             )
-        else:
-            if not math.isfinite(batches) and self.config.cost_share is not None:
-                self.note(
-                    "the fit's length is unknown (no max_steps, an unsized loader): no tuning "
-                    "budget from cost_share; trials are bounded by max_trials and "
-                    "time_budget_s"
-                )
         self.cost = self.cost.budgeted(baseline, batches, self.config.cost_share)
 
     def end(self) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp._log import prefixed
-from lightning_maxtp.observe.flops import flop_counter
+from lightning_maxtp.observe.flops import counted_conv_flops, flop_counter
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -100,15 +100,19 @@ class FlopMeter:
         try:
             peak = cached_peak(name)
         except Exception as err:  # MFU is a reading; the fit goes on without it
-            log.warning(prefixed("could not read the device's peak, no MFU: %r"), err)
-            self.notes.append(f"no MFU: the device's peak could not be read ({err!r})")
-            self._active = False
+            self._no_peak("read", err)
             return ()
         if peak is None:
             self._unmeasured = name
             return ()
         self.peaks = tuple((r.dtype, r.flops_per_s) for r in peak.rates)
         return self.peaks
+
+    def _no_peak(self, done: str, err: Exception) -> None:
+        """No peak to divide by (it could not be ``done``): logged, noted, no more counting."""
+        log.warning(prefixed("the device's peak could not be %s, no MFU: %r"), done, err)
+        self.notes.append(f"no MFU: the device's peak could not be {done} ({err!r})")
+        self._active = False
 
     def after_first_step(self, trainer: pl.Trainer) -> bool:
         """After a step: when it is the fit's first to end, measure a peak the cache lacked.
@@ -143,9 +147,7 @@ class FlopMeter:
         try:
             peak = measure_peak(name)
         except Exception as err:  # MFU is a reading; the fit goes on without it
-            log.warning(prefixed("could not measure the device's peak, no MFU: %r"), err)
-            self.notes.append(f"no MFU: the device's peak could not be measured ({err!r})")
-            self._active = False
+            self._no_peak("measured", err)
             return
         if not peak.cached:  # another process may have measured it since the fit started
             self.notes.append(
@@ -198,7 +200,7 @@ class FlopMeter:
             flops = int(counter.get_total_flops())
             if flops > 0:
                 self.flops_per_sample = flops / self._samples
-                self.conv_share = conv_flops(counter) / flops
+                self.conv_share = counted_conv_flops(counter) / flops
             else:
                 self.notes.append("no MFU: the step ran no matmul, convolution or attention")
                 self._active = False
@@ -221,14 +223,3 @@ class FlopMeter:
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)
-
-
-def conv_flops(counter: Any) -> int:
-    """FLOPs a ``FlopCounterMode`` counted in convolutions (forward and backward).
-
-    They run in cuDNN, whose TF32 switch (``torch.backends.cudnn.allow_tf32``, on by default)
-    is not the matmuls' (``set_float32_matmul_precision``): the peak they are measured against
-    differs from the matmuls' in fp32.
-    """
-    counts = counter.get_flop_counts().get("Global", {})
-    return int(sum(n for op, n in counts.items() if "convolution" in str(op)))

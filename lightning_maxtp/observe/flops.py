@@ -20,6 +20,7 @@ __all__ = [
     "conv_backward_flops",
     "conv_flops",
     "count_flops",
+    "counted_conv_flops",
     "dtype_in_force",
     "flop_counter",
     "share_text",
@@ -50,6 +51,17 @@ def flop_counter() -> Any:
 
     backward = torch.ops.aten.convolution_backward
     return FlopCounterMode(display=False, custom_mapping={backward: conv_backward_flops})
+
+
+def counted_conv_flops(counter: Any) -> int:
+    """FLOPs a ``flop_counter`` counted in convolutions (forward and backward).
+
+    They run in cuDNN, whose TF32 switch (``torch.backends.cudnn.allow_tf32``, on by default)
+    is not the matmuls' (``set_float32_matmul_precision``): the peak they are measured against
+    differs from the matmuls' in fp32.
+    """
+    counts = counter.get_flop_counts().get("Global", {})
+    return int(sum(n for op, n in counts.items() if "convolution" in str(op)))
 
 
 def conv_flops(x_shape: Any, w_shape: Any, out_shape: Any, transposed: bool) -> int:

@@ -107,7 +107,7 @@ def test_fp32_convolutions_on_cuda_are_measured_against_cudnns_tf32_peak() -> No
 def test_the_convolutions_share_of_a_counted_step() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lightning_maxtp.callbacks.utilization import conv_flops
+    from lightning_maxtp.observe.flops import counted_conv_flops
 
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 3), torch.nn.Flatten(), torch.nn.Linear(16 * 14 * 14, 10)
@@ -115,7 +115,7 @@ def test_the_convolutions_share_of_a_counted_step() -> None:
     counter = FlopCounterMode(display=False)
     with counter:
         net(torch.randn(2, 3, 16, 16)).sum().backward()
-    total, conv = counter.get_total_flops(), conv_flops(counter)
+    total, conv = counter.get_total_flops(), counted_conv_flops(counter)
     # forward 2 x (16 x 27 x 196) x 2 FLOPs for the convolution, 2 x 3136 x 10 x 2 for the
     # linear; their backwards (the conv's input needs no gradient: weight only) likewise.
     assert 0 < conv < total
