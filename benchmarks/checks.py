@@ -38,9 +38,7 @@ _emitted: Rows = []
 
 def check(rows: Rows, name: str, ok: bool | None, detail: str) -> None:
     """Record one check (``ok=None``: skipped or informational) and ``emit`` it."""
-    row = {"check": name, "ok": ok, "detail": detail}
-    rows.append(row)
-    emit(row)
+    add(rows, {"check": name, "ok": ok, "detail": detail})
 
 
 def add(rows: Rows, row: dict[str, Any]) -> None:
@@ -60,12 +58,16 @@ def emit(row: dict[str, Any]) -> None:
         # A script that emits rows ends on SIGTERM with them (set here, not on import).
         signal.signal(signal.SIGTERM, _terminated)
     _emitted.append(row)
+    show_row(row, script_name(), os.environ.get(ROWS_ENV))
+
+
+def show_row(row: dict[str, Any], script: str, path: str | Path | None) -> None:
+    """Print one row, flushed; append it to the rows file ``path`` (when given) as JSON."""
     name = row.get("check") or row.get("case") or "?"
     print(f"[{_RESULT.get(row.get('ok'), '?')}] {name}: {row.get('detail', '')}"[:400], flush=True)
-    path = os.environ.get(ROWS_ENV)
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"script": script_name(), **row}, default=str) + "\n")
+            f.write(json.dumps({"script": script, **row}, default=str) + "\n")
 
 
 def _terminated(signum: int, frame: object) -> None:

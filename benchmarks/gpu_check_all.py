@@ -61,11 +61,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.checks import DATA_DIR_ENV, ROWS_ENV, SCRIPT_ENV
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's packages first
+
+from benchmarks.checks import DATA_DIR_ENV, ROWS_ENV, SCRIPT_ENV, show_row  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 PREFIX = "gpu_check_"
 
@@ -515,11 +515,7 @@ class Results:
     def rows(self, script: str, rows: list[dict[str, Any]]) -> None:
         """Rows this runner measured itself (the preflight)."""
         for row in rows:
-            print(f"[{ {True: 'ok', False: 'FAIL', None: 'skip'}[row['ok']]}] {row['check']}: "
-                  f"{row['detail']}"[:400], flush=True)  # fmt: skip
-            if self.folder is not None:
-                with (self.folder / "rows.jsonl").open("a") as f:
-                    f.write(json.dumps({"script": script, **row}) + "\n")
+            show_row(row, script, self.folder and self.folder / "rows.jsonl")
 
     def add(self, outcome: Outcome) -> None:
         """One script ended: its output to the log, the summary rewritten."""

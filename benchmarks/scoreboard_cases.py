@@ -81,16 +81,26 @@ def _sweep(job: Job, settings: list[tuple[int, bool]], tail: int) -> dict[tuple[
     for workers, persistent in settings:
         timer = StepTimer(max(1, (job.steps or 0) - tail), tail) if job.steps else None
         seconds = job.fit(workers, persistent=persistent, callbacks=[timer] if timer else [])
-        rate = None
-        if timer is not None and timer.start is not None and timer.stop is not None:
-            rate = timer.samples / (timer.stop - timer.start)
-        out[(workers, persistent)] = (seconds, rate)
+        out[(workers, persistent)] = (seconds, _rate(timer) if timer else None)
     return out
 
 
 def _name(setting: tuple[int, bool]) -> str:
     workers, persistent = setting
     return f"{workers} workers{' persistent' if persistent and workers else ''}"
+
+
+def _against(sweep: dict[tuple[int, bool], Any], best: tuple[int, bool], note: str) -> str:
+    """A row's detail: the best hand setting, the sweep's times and what the callback did."""
+    times = ", ".join(f"{_name(s)} {v[0]:.1f} s" for s, v in sweep.items())
+    return f"best hand {_name(best)}; sweep {times}; {note}"
+
+
+def _rate(timer: StepTimer) -> float | None:
+    """Samples per second over a ``StepTimer``'s timed steps (``None``: they never ended)."""
+    if timer.start is None or timer.stop is None:
+        return None
+    return timer.samples / (timer.stop - timer.start)
 
 
 def jpeg_defaults(p: Profile, emit: Emit) -> None:
@@ -107,14 +117,13 @@ def jpeg_defaults(p: Profile, emit: Emit) -> None:
         hand.append(job.fit(best[0], persistent=best[1]))
         cb, timer = callback(), StepTimer(steps - tail, tail)
         ours.append(job.fit(0, persistent=False, callbacks=[cb, timer]))
-        if timer.start is not None and timer.stop is not None:
-            rates.append(timer.samples / (timer.stop - timer.start))
+        if (rate := _rate(timer)) is not None:
+            rates.append(rate)
         notes.append(_summary(cb))
-    sweep_text = ", ".join(f"{_name(s)} {v[0]:.1f} s" for s, v in sweep.items())
     emit(
         ratio_row(
             "jpeg_defaults", "whole fit vs best hand", ours, hand, most=1.10, smoke=p.smoke,
-            detail=f"best hand {_name(best)}; sweep {sweep_text}; {notes[-1]}",
+            detail=_against(sweep, best, notes[-1]),
         )
     )  # fmt: skip
     steady = statistics.median(rates) / best_rate if rates else float("nan")
@@ -145,11 +154,10 @@ def waiting_loader(p: Profile, emit: Emit) -> None:
         ours.append(job.fit(0, persistent=False, callbacks=[cb]))
         costs.append(tuning_account(cb.tuning))
         notes.append(_summary(cb))
-    sweep_text = ", ".join(f"{_name(s)} {v[0]:.1f} s" for s, v in sweep.items())
     emit(
         ratio_row(
             "waiting_loader", "whole fit vs best hand", ours, hand, most=1.4, smoke=p.smoke,
-            detail=f"best hand {_name(best)}; sweep {sweep_text}; {notes[-1]}",
+            detail=_against(sweep, best, notes[-1]),
         )
     )  # fmt: skip
     emit(_budget_row(p, costs))
@@ -199,12 +207,11 @@ def short_epochs(p: Profile, emit: Emit) -> None:
         cb = callback()
         from4.append(job.fit(4, persistent=False, callbacks=[cb]))
         notes4.append(_summary(cb))
-    sweep_text = ", ".join(f"{_name(s)} {v[0]:.1f} s" for s, v in sweep.items())
     for name, ours, notes in (("from 0 workers", from0, notes0), ("from 4 workers", from4, notes4)):
         emit(
             ratio_row(
                 "short_epochs", f"{name} vs best hand", ours, hand, most=1.10, smoke=p.smoke,
-                detail=f"best hand {_name(best)}; sweep {sweep_text}; {notes[-1]}",
+                detail=_against(sweep, best, notes[-1]),
             )
         )  # fmt: skip
 
