@@ -136,3 +136,19 @@ def test_a_grouped_convolutions_backward_is_twice_its_forward(groups: int) -> No
     assert both == 3 * by_hand  # forward, input gradient, weight gradient
     x.requires_grad_(False)
     assert count_flops(lambda: conv(x).sum().backward()) == 2 * by_hand  # weight gradient only
+
+
+def test_mobilenet_reads_about_three_forwards_not_thirty() -> None:
+    # The case the false MFU was found on: torch's own count made mobilenet_v3_small's forward
+    # and backward ~35x its forward (3.90 GFLOP a sample at 224 px against 0.11).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torchvision = pytest.importorskip("torchvision")
+    net = torchvision.models.mobilenet_v3_small()
+    x = torch.randn(1, 3, 224, 224)
+    forward = count_flops(lambda: net(x))
+    ours = count_flops(lambda: net(x).sum().backward())
+    with FlopCounterMode(display=False) as dense:
+        net(x).sum().backward()
+    assert 2.5 * forward < ours < 3.0 * forward  # the first conv's input needs no gradient
+    assert dense.get_total_flops() > 30 * forward
