@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_maxtp"
 LAYERS = {
-    "_units": 0, "_log": 0,
+    "_units": 0, "_log": 0, "_checks": 0,
     "resources": 1, "_compat": 1,
     "observe": 2,
     "loader": 3, "batch_size": 3, "strategy": 3, "pack": 3,
@@ -100,7 +100,7 @@ def test_every_module_belongs_to_a_layer_and_a_long_one_says_why() -> None:
         f"where a name helps, or say why it is one idea): {unexplained}"
     )
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__.py", "_log.py", "_register.py", "_units.py", "cli.py"]
+    assert top == ["__init__.py", "_checks.py", "_log.py", "_register.py", "_units.py", "cli.py"]
 
 
 def test_imports_point_down_the_layers() -> None:

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from lightning_maxtp._checks import COUNT, SECONDS, refuse_bool
 from lightning_maxtp.bench.forkserver import ForkServer, fork_allowed
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
@@ -62,7 +63,12 @@ def _target_text(target: str | Callable[..., Any]) -> str:
 
 
 def _check(configs: Sequence[str], steps: int, warmup: int, rounds: int) -> None:
-    for name, value in (("steps", steps), ("warmup", warmup), ("rounds", rounds)):
+    for name, value, example in (
+        ("steps", steps, 100),
+        ("warmup", warmup, 10),
+        ("rounds", rounds, 3),
+    ):
+        refuse_bool(name, value, f"{COUNT} >= 1", example)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not configs:
@@ -225,6 +231,7 @@ def run_bench(
     configs = tuple(configs)
     _check(configs, steps, warmup, rounds)
     check_function(parse_target(text), configs)
+    refuse_bool("timeout_s", timeout_s, SECONDS, 1800)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if progress is None and not quiet:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_maxtp._checks import COUNT, SECONDS, refuse_bool
 from lightning_maxtp.callbacks.context import job_context, watch_first_batch
 from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
 from lightning_maxtp.callbacks.utilization import FlopMeter
@@ -90,6 +91,8 @@ class StepClock(Callback):
         mfu: bool = True,
         flops_per_batch: float | None = None,
     ) -> None:
+        refuse_bool("window_steps", window_steps, f"{COUNT} of steps >= 1", 50)
+        refuse_bool("sampler_interval_s", sampler_interval_s, f"{SECONDS} or None", 0.1)
         if window_steps < 1:
             raise ValueError(f"`window_steps` must be >= 1, got {window_steps}")
         interval = sampler_interval_s

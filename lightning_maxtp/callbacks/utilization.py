@@ -24,6 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp._checks import refuse_bool
 from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp._log import prefixed
 from lightning_maxtp.observe.flops import counted_conv_flops, flop_counter
@@ -49,6 +50,7 @@ class FlopMeter:
     """
 
     def __init__(self, *, enabled: bool = True, flops_per_batch: float | None = None) -> None:
+        refuse_bool("flops_per_batch", flops_per_batch, "a number of FLOPs > 0 or None", 4.2e9)
         if flops_per_batch is not None and not (
             isinstance(flops_per_batch, int | float) and flops_per_batch > 0
         ):

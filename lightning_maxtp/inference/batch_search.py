@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_maxtp._checks import SECONDS, SHARE, refuse_bool
 from lightning_maxtp._units import format_bytes
 from lightning_maxtp.batch_size.oom import (
     current_rss_bytes,
@@ -213,6 +214,9 @@ def _check(
         raise ValueError(f"`init` must be an int >= 1, got {init!r}; 8 is a good start")
     if not positive_int(cap):
         raise ValueError(f"`cap` must be an int >= 1, got {cap!r}; e.g. 1024")
+    refuse_bool("margin", margin, SHARE, 0.1)
+    refuse_bool("tolerance", tolerance, SHARE, 0.03)
+    refuse_bool("time_budget_s", time_budget_s, SECONDS, 20)
     if not (isinstance(margin, int | float) and 0.0 <= margin < 1.0):
         raise ValueError(f"`margin` must be in [0, 1), got {margin!r}; 0.1 keeps 10 % free")
     if not (isinstance(tolerance, int | float) and 0.0 <= tolerance < 1.0):

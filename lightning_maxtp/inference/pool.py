@@ -134,6 +134,9 @@ class BatchInferencePool(Adaptive):
             mode=mode,
             backend=backend,
             start_timeout_s=start_timeout_s,
+            workers_per_device=workers_per_device,
+            io_threads=io_threads,
+            model_bytes=model_bytes,
         )
         config = {
             "model_factory": model_factory,

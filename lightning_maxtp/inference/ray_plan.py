@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lightning_maxtp._checks import COUNT, refuse_bool
 from lightning_maxtp._log import prefixed
 from lightning_maxtp.inference.arguments import ON_ERROR, PRECISIONS
 from lightning_maxtp.inference.plan import CPU_THREADS_PER_WORKER, Devices, _cpu_plan
@@ -240,6 +241,7 @@ class RayDataPredictor:
             raise ValueError(f"`on_error` must be one of {ON_ERROR}, got {on_error!r}")
         if str(precision) not in PRECISIONS:
             raise ValueError(f"`precision` must be one of {PRECISIONS}, got {precision!r}")
+        refuse_bool("io_threads", io_threads, f"{COUNT} >= 1 or None", 4)
         inside = ray.is_initialized()
         context = ray.get_runtime_context() if inside else None
         cpus = context.get_assigned_resources().get("CPU", 1.0) if context else 1  # type: ignore[no-untyped-call]

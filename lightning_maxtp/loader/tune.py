@@ -16,7 +16,9 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp._checks import COUNT, SECONDS, refuse_bool
 from lightning_maxtp._log import prefixed
+from lightning_maxtp._units import GIB
 from lightning_maxtp.loader.candidate import LOADER_KNOBS, LoaderCandidate
 from lightning_maxtp.loader.plan import LoaderPlan
 from lightning_maxtp.loader.worker_limits import unwrap_worker_init_fn
@@ -41,6 +43,14 @@ def _validate(
     local_world_size: int | None,
     memory_budget_bytes: int | None,
 ) -> None:
+    for name, value, expected, example in (
+        ("consumption_rate", consumption_rate, "samples/s (a number > 0) or None", 500),
+        ("time_budget_s", time_budget_s, SECONDS, 15),
+        ("max_workers", max_workers, f"{COUNT} >= 0 or None", 4),
+        ("local_world_size", local_world_size, f"{COUNT} >= 1 or None", 1),
+        ("memory_budget_bytes", memory_budget_bytes, f"{COUNT} of bytes >= 0 or None", 8 * GIB),
+    ):
+        refuse_bool(name, value, expected, example)
     if consumption_rate is not None and not consumption_rate > 0:
         raise ValueError(
             f"`consumption_rate` must be > 0 samples/s or None, got {consumption_rate!r}; pass "

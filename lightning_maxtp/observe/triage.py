@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from lightning_maxtp._checks import SECONDS, refuse_bool
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, Recommendation
@@ -313,6 +314,8 @@ def triage(
         psutil.NoSuchProcess: If ``pid`` does not exist (or exits before the first reading).
         psutil.AccessDenied: If ``pid`` cannot be read.
     """
+    refuse_bool("duration_s", duration_s, SECONDS, 10)
+    refuse_bool("interval_s", interval_s, SECONDS, 0.2)
     if duration_s <= 0:
         raise ValueError(f"`duration_s` must be > 0, got {duration_s}; pass e.g. 10")
     if interval_s <= 0:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_maxtp._checks import COUNT, refuse_bool
 from lightning_maxtp._units import GIB, format_bytes
 from lightning_maxtp.pack.spec import JobSpec
 from lightning_maxtp.resources.gpus import child_visible_id
@@ -132,6 +133,8 @@ def capacity_from_resources(
         ValueError: If ``headroom_bytes`` < 0, ``max_parallel`` < 1, or the machine has GPUs but
             every one is busy with foreign processes.
     """
+    refuse_bool("headroom_bytes", headroom_bytes, f"{COUNT} of bytes >= 0", 2 * GIB)
+    refuse_bool("max_parallel", max_parallel, f"{COUNT} >= 1 or None", 4)
     if headroom_bytes < 0:
         raise ValueError(f"`headroom_bytes` must be >= 0, got {headroom_bytes!r}")
     if max_parallel is not None and max_parallel < 1:

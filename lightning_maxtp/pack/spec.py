@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_maxtp._checks import COUNT, refuse_bool
+
 JOB_FIELDS = (
     "command",
     "name",
@@ -141,6 +143,8 @@ def check_jobs(
     jobs = tuple(jobs)
     if not jobs:
         raise ValueError("`jobs` is empty; pass at least one JobSpec")
+    refuse_bool("default_gpu_memory_gib", default_gpu_memory_gib, "GiB (a number > 0) or None", 8)
+    refuse_bool("default_cpu_threads", default_cpu_threads, f"{COUNT} >= 1 or None", 2)
     if default_gpu_memory_gib is not None and default_gpu_memory_gib <= 0:
         raise ValueError(
             f"`default_gpu_memory_gib` must be > 0, got {default_gpu_memory_gib!r}; "

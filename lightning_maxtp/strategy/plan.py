@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_maxtp._units import format_bytes
+from lightning_maxtp._checks import COUNT, refuse_bool
+from lightning_maxtp._units import GIB, format_bytes
 from lightning_maxtp.resources.probe import DEFAULT_HEADROOM_BYTES, Resources
 from lightning_maxtp.strategy.devices import Devices, choose_gpus, gpu_budget
 from lightning_maxtp.strategy.memory import MemoryEstimate, estimate_memory
@@ -223,6 +224,8 @@ def _validate(
         raise ValueError(f"`accelerator` must be 'auto', 'cpu' or 'cuda', got {accelerator!r}")
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"`num_nodes` must be an int >= 1, got {num_nodes!r}")
+    refuse_bool("headroom_bytes", headroom, f"{COUNT} of bytes >= 0", 2 * GIB)
+    refuse_bool("memory_budget_bytes", budget, f"{COUNT} of bytes > 0 or None", 8 * GIB)
     if headroom < 0:
         raise ValueError(f"`headroom_bytes` must be >= 0, got {headroom!r}")
     if budget is not None and budget <= 0:

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_maxtp._checks import COUNT, SECONDS, SHARE, refuse_bool
 from lightning_maxtp.observe.thresholds import MIN_GAIN
 from lightning_maxtp.tuning.allow import Allow, resolve_allow
 
@@ -22,6 +23,22 @@ _AT_LEAST = {
     "settle_steps": 0,
     "max_trials": 0,
     "monitor_window_steps": 1,
+}
+
+# Every numeric field: what it takes and a valid value, for the message that refuses a bool
+# (True would pass the range checks below as 1, False as 0).
+_NUMBERS: dict[str, tuple[str, object]] = {
+    "warmup_steps": (f"{COUNT} of steps >= 0", 5),
+    "window_steps": (f"{COUNT} of steps >= 2", 20),
+    "settle_steps": (f"{COUNT} of steps >= 0", 2),
+    "max_trials": (f"{COUNT} >= 0", 6),
+    "monitor_window_steps": (f"{COUNT} of steps >= 1", 100),
+    "min_gain": (SHARE, 0.05),
+    "time_budget_s": (SECONDS, 30),
+    "loader_time_budget_s": (SECONDS, 15),
+    "max_workers": (f"{COUNT} >= 0 or None", 4),
+    "drift_share": (SHARE, 0.2),
+    "cost_share": (f"{SHARE} or None", 0.05),
 }
 
 
@@ -79,6 +96,8 @@ class TuningConfig:
         if isinstance(allow, list):  # from a config file: a list is as good as a tuple
             object.__setattr__(self, "allow", tuple(allow))
         resolve_allow(self.allow)  # a bad name fails here, before the fit
+        for name, (expected, example) in _NUMBERS.items():
+            refuse_bool(name, getattr(self, name), expected, example)
         for name, least in _AT_LEAST.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
