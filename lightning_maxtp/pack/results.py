@@ -74,10 +74,14 @@ class PackResult:
 
     @property
     def exit_code(self) -> int:
-        """The CLI's exit code: failed jobs (at most 125); 128 + signal when interrupted."""
+        """The CLI's exit code: 0 every job ok, 1 a job failed, 128 + signal when interrupted.
+
+        Not the number of failed jobs: two failures would read as 2, which is argparse's code
+        for bad arguments (``maxtp pack`` keeps 2 for those); ``num_failed`` has the count.
+        """
         if self.interrupted is not None:
             return 128 + int(getattr(signal, self.interrupted, signal.SIGINT))
-        return min(self.num_failed, 125)
+        return 1 if self.num_failed else 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view (the output of ``maxtp pack --json``)."""

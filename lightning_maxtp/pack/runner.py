@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from lightning_maxtp._checks import SECONDS, refuse_bool
 from lightning_maxtp.pack import proc
 from lightning_maxtp.pack.placement import Demand, Placement, Step, assign
 from lightning_maxtp.pack.plan import PackPlan, plan_pack
@@ -75,6 +76,7 @@ def run_jobs(
     """
     if backend not in BACKENDS:
         raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+    refuse_bool("poll_interval_s", poll_interval_s, SECONDS, 0.1)
     if backend == "ray":
         from lightning_maxtp.pack.ray_runner import run_ray_jobs
 

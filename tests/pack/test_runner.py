@@ -82,7 +82,7 @@ def test_failures_are_counted_and_do_not_stop_the_others(tmp_path: Path) -> None
     assert [(j.status, j.exit_code) for j in result.jobs] == [
         ("failed", 3), ("ok", 0), ("failed", -9), ("failed", 127)
     ]  # fmt: skip
-    assert result.num_failed == 3 and result.exit_code == 3
+    assert result.num_failed == 3 and result.exit_code == 1  # 2 would read as a usage error
     assert "could not start" in Path(result.jobs[3].log_path or "").read_text()
     text = str(result)
     assert text.splitlines()[-1].startswith("1/4 ok, 3 failed")
@@ -146,7 +146,7 @@ def test_a_killed_job_is_rerun_up_to_its_retries(tmp_path: Path) -> None:
     text = str(result)
     assert "once attempt 1: killed by SIGKILL after" in text
     assert "always attempt 2: killed by SIGTERM after" in text
-    assert result.exit_code == 2 and result.to_dict()["backend"] == "local"
+    assert result.exit_code == 1 and result.to_dict()["backend"] == "local"  # 2 failed
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,8 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 def test_cli_json_summary_and_exit_code(tmp_path: Path) -> None:
     out = run_cli("--json", "--log-dir", str(tmp_path), "--", "exit 4", "echo ok", "exit 1")
     data = json.loads(out.stdout)
-    assert out.returncode == 2 == data["exit_code"] == data["num_failed"]
+    # Two jobs failed: exit 1, not 2 (argparse's code for bad arguments); the count is in JSON.
+    assert out.returncode == 1 == data["exit_code"] and data["num_failed"] == 2
     assert [j["exit_code"] for j in data["jobs"]] == [4, 0, 1]
     assert "[maxtp pack] failed job1: exit 4" in out.stderr
 
@@ -244,6 +245,20 @@ def test_cli_dry_run_and_errors(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no jobs found" in bad.stderr
     both = run_cli("--jobs", str(empty), "--", "echo a")
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_cli_exit_codes_tell_failed_jobs_from_bad_arguments(tmp_path: Path) -> None:
+    usage = run_cli("--max-parallel", "0", "--", "true")  # argparse's own usage error
+    assert usage.returncode == 2 and "usage: maxtp pack" in usage.stderr
+    assert "--max-parallel: must be >= 1" in usage.stderr
+    ok = run_cli("--quiet", "--log-dir", str(tmp_path / "ok"), "--", "true")
+    assert ok.returncode == 0
+    failed = run_cli("--quiet", "--log-dir", str(tmp_path / "two"), "--", "exit 3", "false")
+    assert failed.returncode == 1 and "0/2 ok, 2 failed" in failed.stdout
+    helped = run_cli("--help")
+    assert helped.returncode == 0
+    epilog = " ".join(helped.stdout.split())
+    assert "Exit codes: 0 every job ok (or --dry-run), 1 one or more jobs failed, 2 bad " in epilog
 
 
 def test_cli_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
