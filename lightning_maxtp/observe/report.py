@@ -3,11 +3,12 @@
 Plain data (no torch): built by the monitor at the end of a fit, or by hand from windows.
 ``write(folder)`` produces ``report.json``, ``report.md`` and ``timeline.png`` (the PNG needs the
 ``plot`` extra, matplotlib; without it the report says so and the other two files are written).
+The markdown and the plot are drawn from ``to_dict()``'s data alone (``report_md``,
+``timeline``), so ``maxtp report DIR`` re-renders them from ``report.json``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
@@ -17,6 +18,7 @@ from typing import Any
 
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.limit import Limit, distance
+from lightning_maxtp.observe.report_view import rate_words
 from lightning_maxtp.observe.window import CaptureSummary, SamplerSeries, Window, combined_rate
 
 __all__ = ["KnobChange", "ThroughputReport", "strict_json"]
@@ -130,14 +132,7 @@ class ThroughputReport:
     def rate_text(self) -> str:
         """The headline rate: per rank and over all ranks under DDP; energy where measured."""
         world = self.in_force[-1].context.world_size if self.in_force else 1
-        energy = self.joules_per_sample
-        joules = "" if energy is None else f" ({energy:.3g} J/sample on the device)"
-        if world <= 1:
-            return f"{self.samples_per_s:.1f} samples/s{joules}"
-        return (
-            f"{self.samples_per_s:.1f} samples/s per rank "
-            f"({self.global_samples_per_s:.1f} over {world} ranks){joules}"
-        )
+        return rate_words(self.samples_per_s, world, self.joules_per_sample)
 
     def summary(self) -> str:
         """A few lines for the end of a fit."""
@@ -206,97 +201,27 @@ class ThroughputReport:
         return clean
 
     def to_markdown(self) -> str:
-        """A readable report: summary, diagnosis with evidence, windows, changes, captures."""
-        where = "" if self.final_windows is None else " (under the final settings)"
-        md = [
-            "# Throughput report",
-            "",
-            f"**Bottleneck: `{self.bottleneck}`** - "
-            f"{self.rate_text()}, median step {self.median_step_s * 1e3:.1f} ms,"
-            f" data wait {self.data_wait_share:.0%}{where}",
-            "",
-        ]
-        limit = self.limit
-        if limit is not None:
-            md += [f"**Distance to the limit:** {limit}", ""]
-        for d in self.diagnoses:
-            md += [f"## {d.kind.value} (confidence {d.confidence:.2f})", "", d.summary, ""]
-            if d.evidence:
-                md += ["| evidence | value |", "|---|---|"]
-                md += [f"| {k} | {v} |" for k, v in d.evidence.items() if v is not None]
-                md.append("")
-            md += [
-                f"{i}. `{r.knob}`: {r.current} -> {r.proposed} - {r.reason} "
-                f"({'auto: same math, the loop may apply it' if r.auto_apply else 'opt-in'})"
-                for i, r in enumerate(d.recommendations, 1)
-            ]
-            md.append("")
-        md += [
-            "## Windows",
-            "",
-            "| steps | samples/s | median step ms | data wait | GPU util | MFU | GC | settings |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        final = {w.first_step for w in self.in_force}  # a capture may have replaced a window
-        for w in self.windows:
-            util = w.sampler.mean_gpu_util
-            which = "final" if w.first_step in final and self.final_windows is not None else ""
-            md.append(
-                f"| {w.first_step}-{w.first_step + w.steps - 1} | {w.samples_per_s:.1f} | "
-                f"{w.median_step_s * 1e3:.1f} | {w.data_wait_share:.0%} | "
-                f"{'-' if util is None else f'{util:.0f} %'} | {_mfu(w)} | "
-                f"{'-' if w.gc is None else f'{w.gc.share:.0%}'} | {which} |"
-            )
-        for title, items in (("Knob changes", self.knob_changes), ("Captures", self.captures)):
-            if items:
-                md += ["", f"## {title}", ""] + [f"- {x}" for x in items]
-        if self.ranks:
-            md += ["", "## Ranks (last window)", "", "```", json.dumps(self.ranks[-1]), "```"]
-        if self.notes:
-            md += ["", "## Notes", ""] + [f"- {n}" for n in self.notes]
-        return "\n".join(md) + "\n"
+        """``report.md``'s text: the result first, then trials, diagnoses, windows, notes.
+
+        Rendered from ``to_dict()`` as ``report.json`` reads back, the data ``maxtp report``
+        renders from, so both give the same text.
+        """
+        from lightning_maxtp.observe.report_md import render_markdown
+
+        return render_markdown(json.loads(json.dumps(self.to_dict(), default=str)))
 
     def write(self, folder: str | Path) -> dict[str, Path]:
         """Write ``report.json``, ``report.md`` and (with matplotlib) ``timeline.png``.
 
+        Each file is written atomically (a temporary file moved into place). Without the plot,
+        a note in the other two says why.
+
         Returns:
             The written files by name.
         """
-        from lightning_maxtp.observe.timeline import plot_timeline
+        from lightning_maxtp.observe.report_write import write_report
 
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        written: dict[str, Path] = {}
-        png, note = out / "timeline.png", None
-        try:
-            plot_timeline(self, png)
-            written["timeline.png"] = png
-        except ImportError:
-            note = "timeline.png not written: install the `plot` extra (matplotlib)"
-        except Exception as err:  # the plot is optional, the report is not
-            note = f"timeline.png not written: {type(err).__name__}: {err}"
-            with contextlib.suppress(OSError):  # a half-written file would look like a plot
-                png.unlink(missing_ok=True)
-        report = self if note is None else _with_note(self, note)
-        text = json.dumps(report.to_dict(), indent=2, default=str, allow_nan=False)
-        (out / "report.json").write_text(text)
-        (out / "report.md").write_text(report.to_markdown())
-        written["report.json"], written["report.md"] = out / "report.json", out / "report.md"
-        return written
-
-
-def _mfu(window: Window) -> str:
-    """A window's MFU for the windows table: ``-`` without a count, ``error`` above the peak."""
-    util = window.utilization
-    if util is None:
-        return "-"
-    return "error" if util.mfu is None else f"{util.mfu:.0%}"
-
-
-def _with_note(report: ThroughputReport, note: str) -> ThroughputReport:
-    from dataclasses import replace
-
-    return replace(report, notes=(*report.notes, note))
+        return write_report(self.to_dict(), folder).written
 
 
 def strict_json(value: Any) -> Any:

@@ -50,3 +50,35 @@ def test_a_plot_that_fails_leaves_the_json_and_markdown_with_a_note(
     (note,) = json.loads((tmp_path / "report.json").read_text())["notes"]
     assert note == "timeline.png not written: OSError: [Errno 28] No space left on device"
     assert note in (tmp_path / "report.md").read_text()
+
+
+def test_each_report_file_is_moved_into_place_whole_and_no_temporary_file_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from lightning_maxtp.observe.report_write import write_atomic
+    from tests.helpers.tuned_report import tuned_report
+
+    moved: list[tuple[Path, Path]] = []
+    replace = os.replace
+
+    def spy(src: str | Path, dst: str | Path) -> None:
+        moved.append((Path(src), Path(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    written = tuned_report().write(tmp_path)
+    # Each file arrives by one rename from a temporary file beside it: a reader sees a whole one.
+    assert sorted(d.name for _, d in moved) == sorted(written)
+    assert all(s.parent == d.parent and s.name.startswith(f".{d.name}.") for s, d in moved)
+    before = (tmp_path / "report.md").read_text()
+
+    def half(tmp: Path) -> None:
+        tmp.write_text("# Throughput rep")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(tmp_path / "report.md", half)
+    assert (tmp_path / "report.md").read_text() == before  # the earlier file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)  # no temporary left
