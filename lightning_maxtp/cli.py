@@ -202,10 +202,12 @@ def _add_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run independent jobs (seeds, sweeps, evals) concurrently: each gets a free "
         "GPU (CUDA_VISIBLE_DEVICES), several share a GPU when their declared memory fits with "
         "headroom, and without GPUs they share the CPUs (OMP_NUM_THREADS and friends). Each "
-        "job's output goes to its own log. The exit code is the number of failed jobs.",
+        "job's output goes to its own log; the summary counts the failed jobs.",
         epilog="Jobs file: one shell command per line (# comments), or JSON (YAML with PyYAML): "
         'a list of commands or of objects {"command", "name", "gpu_memory_gib", "cpu_threads", '
-        '"memory_gib", "cwd", "env"}. Or: maxtp pack -- "python a.py" "python b.py"',
+        '"memory_gib", "cwd", "env"}. Or: maxtp pack -- "python a.py" "python b.py". '
+        "Exit codes: 0 every job ok (or --dry-run), 1 one or more jobs failed, 2 bad arguments "
+        "or jobs (nothing started), 128+N stopped by signal N (130: Ctrl-C).",
     )
     pack.add_argument("commands", nargs="*", help="job command lines (after --), one per job")
     pack.add_argument(
@@ -329,6 +331,42 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.set_defaults(handler=_cmd_bench)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from lightning_maxtp.observe.report_write import rerender
+
+    try:
+        rendered = rerender(args.dir)
+    except ValueError as err:
+        print(f"maxtp: error: DIR {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(
+            f"maxtp: error: DIR {str(args.dir)!r}: the report files cannot be written there "
+            f"({type(err).__name__}: {err}); pass a folder you can write to (copy it first)",
+            file=sys.stderr,
+        )
+        return 2
+    if rendered.note is not None:
+        print(f"maxtp: {rendered.note}", file=sys.stderr)
+    names = ", ".join(sorted(rendered.written))
+    print(f"maxtp: wrote {names} in {args.dir} (from its report.json)")
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = sub.add_parser(
+        "report",
+        help="render report.md and timeline.png again from a report folder's report.json",
+        description="Render report.md and timeline.png again from DIR/report.json, the folder "
+        "a fit's report_dir wrote (after an upgrade, or where the fit had no matplotlib). "
+        "report.json is left as it is; each file is replaced atomically.",
+        epilog="Exit codes: 0 written, 2 DIR holds no report.json the library wrote (or cannot "
+        "be written).",
+    )
+    report.add_argument("dir", metavar="DIR", type=Path, help="a report_dir (holds report.json)")
+    report.set_defaults(handler=_cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = argparse.ArgumentParser(
@@ -386,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     tri.set_defaults(handler=_cmd_triage)
     _add_pack(sub)
     _add_bench(sub)
+    _add_report(sub)
     return parser
 
 
