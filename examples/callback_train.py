@@ -3,7 +3,8 @@
 The data set reads each sample with a few milliseconds of latency, like files on network storage,
 and the loader starts at Lightning's defaults (no workers). The callback measures a baseline,
 names the bottleneck (storage / data pipeline), raises ``num_workers``, keeps it only when the
-run got >= 5 % faster, and prints a summary; ``--report-dir`` also writes the report files.
+run got measurably faster (beyond the noise between windows; the rule is ``tuning.judge``), and
+prints a summary; ``--report-dir`` also writes the report files.
 
 Usage: ``python examples/callback_train.py [--steps N] [--report-dir DIR] [--smoke]``
 """

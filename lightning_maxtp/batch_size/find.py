@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from lightning_maxtp._checks import COUNT, SECONDS, SHARE, refuse_bool
 from lightning_maxtp._log import prefixed, rank_zero_info
 from lightning_maxtp.batch_size.plan import BatchSizePlan, plan_changes
 
@@ -50,6 +51,16 @@ def _check_arguments(
     time_budget_s: float,
     target_global_batch_size: int | None,
 ) -> None:
+    for name, value, expected, example in (
+        ("init_batch_size", init_batch_size, f"{COUNT} >= 1", 2),
+        ("max_batch_size", max_batch_size, f"{COUNT} >= 1", 8192),
+        ("margin", margin, SHARE, 0.2),
+        ("tolerance", tolerance, SHARE, 0.03),
+        ("steps_per_trial", steps_per_trial, f"{COUNT} >= 1", 3),
+        ("time_budget_s", time_budget_s, SECONDS, 20),
+        ("target_global_batch_size", target_global_batch_size, f"{COUNT} >= 1 or None", 256),
+    ):
+        refuse_bool(name, value, expected, example)
     if init_batch_size < 1:
         raise ValueError(f"`init_batch_size` must be >= 1, got {init_batch_size}")
     if max_batch_size < init_batch_size:
@@ -90,6 +101,7 @@ def find_batch_size(
     lr_scaling: Literal["auto", "none", "linear", "sqrt"] = "auto",
     lr_warmup_steps: int | None = None,
     batch_arg_name: str = "batch_size",
+    verbose: bool = True,
 ) -> BatchSizePlan:
     """Find the memory ceiling, then the fastest per-device batch under it; change nothing.
 
@@ -122,6 +134,7 @@ def find_batch_size(
         lr_warmup_steps: Linear warm-up when the LR grows (default 100 optimizer steps).
         batch_arg_name: Where the user's loader reads its batch size (model, hparams or
             datamodule); read for the current size, written by ``plan.apply``.
+        verbose: Log the plan's first line (rank zero); ``False`` logs nothing.
 
     Returns:
         The plan, with every trial.
@@ -199,7 +212,8 @@ def find_batch_size(
         seconds=time.perf_counter() - start,
         notes=notes,
     )
-    _announce(plan, trainer)
+    if verbose:
+        _announce(plan, trainer)
     return plan
 
 

@@ -60,7 +60,8 @@ class BottleneckMonitor(Callback):
             ``"never"`` not at all.
         capture_steps: Steps per capture (its cost is reported in the capture summary).
         report_dir: Where to write the report files at the end of fit (rank zero).
-        verbose: Print the summary at the end of fit (rank zero).
+        verbose: Print a profiler capture's summary when it ends and the report's summary at
+            the end of fit (rank zero).
         sources: Extra sampler sources.
         on_window: For a callback that owns this monitor: called with ``(trainer, window)``
             when a window closes, instead of ``record`` (the owner calls ``record`` itself).
@@ -302,7 +303,8 @@ class BottleneckMonitor(Callback):
             log.warning(prefixed("profiler capture failed: %r"), err)
         else:
             self.captures.append(summary)
-            rank_zero_info(str(summary) + ("" if syncs is None else f"; {syncs}"))
+            if self.verbose:
+                rank_zero_info(str(summary) + ("" if syncs is None else f"; {syncs}"))
             if self.windows:  # re-diagnose the last window with what the capture showed
                 window = dataclasses.replace(self.windows[-1], capture=summary, syncs=syncs)
                 self.windows[-1] = window

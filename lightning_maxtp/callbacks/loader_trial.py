@@ -32,6 +32,7 @@ __all__ = [
     "plan_change",
     "plan_line",
     "search_floor_s",
+    "tried_knobs",
 ]
 
 MIN_LOADER_MEASURE_S = 1.0
@@ -84,11 +85,20 @@ def plan_line(
     )
 
 
-def _allowed_words(config: TuningConfig, resources: Resources) -> str:
-    """What ``allow`` lets the loop try beyond the loader's knobs, in words."""
+def tried_knobs(config: TuningConfig, resources: Resources) -> list[str]:
+    """The knobs beyond the loader's that ``allow`` lets the loop try on this machine's device.
+
+    The batch size is grown before the fit, never tried on the running one.
+    """
     allowed = [k for k in config.allowed() if not knob_class(k).before_fit]
     if not resources.gpus:  # TF32 and cuDNN flags do nothing on a CPU
         allowed = [k for k in allowed if "cpu" in DEVICE_LIMITED.get(k, {"cpu"})]
+    return allowed
+
+
+def _allowed_words(config: TuningConfig, resources: Resources) -> str:
+    """What ``allow`` lets the loop try beyond the loader's knobs, in words."""
+    allowed = tried_knobs(config, resources)
     guard = ", behind a numerics guard" if GUARDED & set(allowed) else ""
     math = f"also {', '.join(allowed)}{guard}" if allowed else "loader knobs only"
     batch = "batch size may grow" if "batch_size" in config.allowed() else "batch size unchanged"

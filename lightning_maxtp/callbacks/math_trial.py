@@ -242,7 +242,9 @@ class MathTrials:
         if why is not None:
             asked = "`allow_batch_size_change=True`" if by_flag else "`allow` names 'batch_size'"
             raise ValueError(f"{asked}, but {why}")
-        plan = find_batch_size(trainer.lightning_module, trainer=trainer, global_batch="grow")
+        plan = find_batch_size(
+            trainer.lightning_module, trainer=trainer, global_batch="grow", verbose=False
+        )  # the callback prints the plan at its own verbosity
         plan.apply(trainer)
         return plan
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
-from lightning_maxtp.callbacks.loader_trial import plan_line
+from lightning_maxtp.callbacks.console import fit, plan_brief, result_lines, verbosity
+from lightning_maxtp.callbacks.loader_trial import plan_line, tried_knobs
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.tuner import Tuner
@@ -85,10 +86,13 @@ class MaxThroughputCallback(Callback):
     ``maxtp/straggler_rank``          logged, DDP only: the rank waiting longest for data
     ``maxtp/mfu``                     logged: FLOP/s of the window over the measured peak, 0..1
     ``maxtp/gc_share``                logged: share of step time in garbage collection, 0..1
-    ``maxtp_samples_s``               progress bar: samples/s of the last measured window
-    ``maxtp_trials``                  progress bar: knob trials so far
-    ``maxtp_tuning``                  progress bar: 1 while tuning, 0 once only monitoring
-    ``maxtp_mfu``                     progress bar: MFU of the last measured window, 0..1
+    ``maxtp_samples_s``               progress bar (``progress_bar=True``): samples/s of the
+                                      last measured window
+    ``maxtp_trials``                  progress bar (``progress_bar=True``): knob trials so far
+    ``maxtp_tuning``                  progress bar (``progress_bar=True``): 1 while tuning, 0
+                                      once only monitoring
+    ``maxtp_mfu``                     progress bar (``progress_bar=True``): MFU of the last
+                                      measured window, 0..1
     ================================  ==========================================================
 
     Args:
@@ -110,7 +114,12 @@ class MaxThroughputCallback(Callback):
         cost_share: ``TuningConfig.cost_share`` (same default).
         capture: Profiler capture mode after tuning (``"auto"``, ``"always"``, ``"never"``).
         report_dir: Where rank zero writes ``report.json``/``report.md``/``timeline.png``.
-        verbose: Print the plan, the tuning progress and the final summary (rank zero).
+        verbose: What rank zero prints to the ``lightning_maxtp`` logger: ``True``, a few
+            lines of at most 100 characters (the plan and its budget, the baseline and its
+            bottleneck, one line per trial with its verdict, the result and its cost, the
+            distance to the limit and the next opt-in, where the report is); ``"steps"``, every
+            step of the loop and the full summaries as well; ``False``, nothing.
+        progress_bar: Show the tuning's rate, trials, state and MFU in the progress bar.
         sampler_interval_s: Background sampling period (None: no sampler).
         mfu: Give every window and the report the distance to the device's limit: MFU against
             the device's measured matmul peak (measured once per machine, a few hundred
@@ -139,7 +148,8 @@ class MaxThroughputCallback(Callback):
         cost_share: float | None = DEFAULTS.cost_share,
         capture: CaptureMode = "auto",
         report_dir: str | Path | None = None,
-        verbose: bool = True,
+        verbose: bool | Literal["steps"] = True,
+        progress_bar: bool = False,
         sampler_interval_s: float | None = 0.1,
         mfu: bool = True,
         flops_per_batch: float | None = None,
@@ -172,8 +182,10 @@ class MaxThroughputCallback(Callback):
         )
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.verbose = verbose
+        self.verbosity = verbosity(verbose)
+        self.progress_bar = progress_bar
         self.batch_plan: Any = None
-        self._tuner = Tuner(self.config, self._monitor, None, verbose=verbose)
+        self._tuner = Tuner(self.config, self._monitor, None, verbosity=self.verbosity)
         self._report: ThroughputReport | None = None
         self._closing = False
         self._carried: dict[str, Any] | None = None
@@ -232,7 +244,7 @@ class MaxThroughputCallback(Callback):
             self.config,
             self._monitor,
             resources,
-            verbose=self.verbose,
+            verbosity=self.verbosity,
             carried=self._carried,
             world_size=trainer.world_size,
             local_ranks=trainer.num_devices,
@@ -250,16 +262,21 @@ class MaxThroughputCallback(Callback):
             return self._tuner.follow(loader) if stage_ == "val" else loader
 
         hook.install_dataloader_transform(trainer, transform)
-        if self.verbose:
+        if self.verbosity == "steps":
             rank_zero_info(
                 plan_line(self.config, resources, trainer.world_size, trainer.num_devices)
             )
+        elif self.verbosity == "brief":
+            knobs = tried_knobs(self.config, resources)
+            cpus, gpus = resources.cpu.effective, len(resources.gpus)
+            rank_zero_info(plan_brief(self.config, knobs, cpus, gpus, trainer.world_size))
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.batch_plan = self._tuner.math_trials.grow_batch(trainer)
-        if self.batch_plan is not None and self.verbose:
-            rank_zero_info(str(self.batch_plan))
+        if self.batch_plan is not None and self.verbosity != "quiet":
+            text = str(self.batch_plan)
+            rank_zero_info(text if self.verbosity == "steps" else fit(text.splitlines()[0]))
 
     # -- the monitor's hooks ----------------------------------------------------------------
 
@@ -323,7 +340,8 @@ class MaxThroughputCallback(Callback):
         elif loop.measuring:  # no profiler inside a measured window
             found = self._monitor.record(trainer, window, may_capture=False)
             self._tuner.measured(trainer, window, found)
-            self._show_progress(trainer, window)
+            if self.progress_bar:
+                self._show_progress(trainer, window)
         elif loop.finished:
             self._tuner.monitored(window, self._monitor.record(trainer, window), trainer)
         else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
@@ -358,16 +376,20 @@ class MaxThroughputCallback(Callback):
         self._carried = self._tuner.state() or self._carried  # for the next fit of this callback
         self._monitor.on_train_end(trainer, pl_module)
         self._report = self._tuner.extend(self._monitor.report)
-        if trainer.is_global_zero:
-            if self.verbose:
-                rank_zero_info(self._report.summary())
-            written = None
-            if self.report_dir is not None:
-                written = write_report_files(self._report, self.report_dir)
-        if self.verbose:
+        written = None
+        if trainer.is_global_zero and self.report_dir is not None:
+            written = write_report_files(self._report, self.report_dir)
+        if self.verbosity == "steps":
+            for capture in self._monitor.captures:
+                rank_zero_info(str(capture))
+            rank_zero_info(self._report.summary())
             rank_zero_info(str(self.tuning))
-            if trainer.is_global_zero and written:
+            if written:
                 rank_zero_info(f"report files in {self.report_dir}")
+        elif self.verbosity == "brief":
+            where = self.report_dir if written else None
+            for line in result_lines(self.tuning, self._report, where):
+                rank_zero_info(line)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._log import rank_zero_info
+from lightning_maxtp.callbacks.console import Verbosity, baseline_line, trial_line
 from lightning_maxtp.callbacks.drift import explain_drift, snapshot
 from lightning_maxtp.callbacks.guard import NumericsGuard
 from lightning_maxtp.callbacks.knobs import Knobs
@@ -110,7 +111,8 @@ class Tuner:
         config: What the loop may do.
         monitor: The monitor measuring the fit (windows restart and carry settings through it).
         resources: The probe's result (CPU budget, GPUs) for the loader measurement.
-        verbose: Print each step of the loop (rank zero).
+        verbosity: What the loop prints on rank zero (``console.verbosity``): nothing, the
+            brief lines (plan, baseline, a line per trial, result), or every step.
         carried: Settings tuned earlier (the callback's checkpoint state, or its last fit's),
             applied at once when the machine and the loader match (``carry``).
         world_size: Ranks of the fit (part of what the settings were tuned on).
@@ -124,14 +126,14 @@ class Tuner:
         monitor: BottleneckMonitor,
         resources: Resources | None,
         *,
-        verbose: bool,
+        verbosity: Verbosity,
         carried: dict[str, Any] | None = None,
         world_size: int = 1,
         local_ranks: int = 1,
         allowed: tuple[str, ...] = (),
     ) -> None:
         self.config, self.monitor, self.resources = config, monitor, resources
-        self.verbose, self.carried = verbose, carried
+        self.verbosity, self.carried = verbosity, carried
         self.world_size, self.local_ranks = world_size, local_ranks
         self.loop = TuningLoop(config)
         self.loader: SwitchableLoader | None = None
@@ -423,7 +425,8 @@ class Tuner:
             self._budget(trainer, window)
             self.say(
                 f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
-                f"data wait {window.data_wait_share:.0%}; {top_line(found)}"
+                f"data wait {window.data_wait_share:.0%}; {top_line(found)}",
+                brief=baseline_line(window_rate(window), found, self.cost),
             )
         else:
             guarded = check is not None and not check.passed  # the same on every rank
@@ -628,10 +631,11 @@ class Tuner:
         """Forget the notes starting with ``prefix`` (no longer true)."""
         self.notes[:] = [n for n in self.notes if not n.startswith(prefix)]
 
-    def say(self, text: str) -> None:
-        """One line of the loop's progress (rank zero, when verbose)."""
-        if self.verbose:
-            rank_zero_info(text)
+    def say(self, text: str, *, brief: str | None = None) -> None:
+        """One step of the loop: ``text`` at ``"steps"``, its ``brief`` line (if any) by default."""
+        line = {"steps": text, "brief": brief}.get(self.verbosity)
+        if line is not None:
+            rank_zero_info(line)
         log.debug(text)
 
     # -- the steps of the loop --------------------------------------------------------------
@@ -893,7 +897,7 @@ class Tuner:
 
     def _finish_trial(self, trial: KnobTrial) -> None:
         assert self.loader is not None
-        self.say(str(trial))
+        self.say(str(trial), brief=trial_line(trial))
         old = self._last_old
         current = self.knobs.current(old)
         # Nothing to undo when kept, or when the fit ended while re-measuring the original.

@@ -30,10 +30,12 @@ class PlanApplier:
 
     Args:
         plans: ``{stage: plan}``, stage one of ``train``, ``val``, ``test``.
+        verbose: Log each rebuild (rank zero).
     """
 
-    def __init__(self, plans: dict[str, LoaderPlan]) -> None:
+    def __init__(self, plans: dict[str, LoaderPlan], *, verbose: bool = True) -> None:
         self.plans = plans
+        self.verbose = verbose
 
     def __call__(self, dataloader: object, stage: str | None, trainer: pl.Trainer) -> object:
         """The loader rebuilt with the stage's plan, or unchanged when there is none."""
@@ -53,12 +55,17 @@ class PlanApplier:
             )
         rebuilt = hook.rebuild_dataloader(dataloader, **overrides)
         settings = ", ".join(f"{k}={v!r}" for k, v in plan.settings().items())
-        rank_zero_info(f"{stage} DataLoader rebuilt with {settings}")
+        if self.verbose:
+            rank_zero_info(f"{stage} DataLoader rebuilt with {settings}")
         return rebuilt
 
 
 def apply_loader_plan(
-    trainer: pl.Trainer, plan: LoaderPlan, *, stages: Sequence[str] = ("train", "val")
+    trainer: pl.Trainer,
+    plan: LoaderPlan,
+    *,
+    stages: Sequence[str] = ("train", "val"),
+    verbose: bool = True,
 ) -> None:
     """Make ``trainer`` rebuild its DataLoaders of ``stages`` with ``plan``'s settings.
 
@@ -71,6 +78,7 @@ def apply_loader_plan(
         trainer: The Trainer whose loaders to rebuild.
         plan: Settings from ``tune_dataloader``.
         stages: Any of ``"train"``, ``"val"`` (sanity check included) and ``"test"``.
+        verbose: Log each rebuilt loader's settings (rank zero); ``False`` logs nothing.
 
     Raises:
         ValueError: If a stage is not one of those.
@@ -85,4 +93,4 @@ def apply_loader_plan(
     current = hook.dataloader_transform(trainer)
     plans = dict(current.plans) if isinstance(current, PlanApplier) else {}
     plans.update(dict.fromkeys(stages, plan))
-    hook.install_dataloader_transform(trainer, PlanApplier(plans))
+    hook.install_dataloader_transform(trainer, PlanApplier(plans, verbose=verbose))

@@ -98,6 +98,7 @@ class AutoMaxTP(LauncherOverride):
             warned when chosen).
         fsdp_kwargs: Extra ``FSDPStrategy`` arguments used when FSDP is chosen (the default
             wraps with a size-based policy of ``FSDP_MIN_UNIT_PARAMS`` parameters per unit).
+        verbose: Log the plan (rank zero); ``False`` logs nothing (warnings still warn).
         **ddp_kwargs: ``DDPStrategy`` arguments used when DDP is chosen (``start_method``,
             ``process_group_backend``, ``timeout``, ``find_unused_parameters``, ...);
             ``process_group_backend`` and ``timeout`` apply to FSDP too.
@@ -115,6 +116,7 @@ class AutoMaxTP(LauncherOverride):
         memory_budget_bytes: int | None = None,
         cpu_offload: bool = True,
         fsdp_kwargs: dict[str, Any] | None = None,
+        verbose: bool = True,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(**ddp_kwargs)
@@ -140,6 +142,7 @@ class AutoMaxTP(LauncherOverride):
         self._memory_budget_bytes = memory_budget_bytes
         self._cpu_offload = cpu_offload
         self._fsdp_kwargs = dict(fsdp_kwargs or {})
+        self.verbose = verbose
         self.plan: StrategyPlan | None = None
         """The plan made at the first ``fit``/``validate``/... (``None`` before)."""
 
@@ -160,7 +163,8 @@ class AutoMaxTP(LauncherOverride):
         chosen = build_strategy(plan, self, self._fsdp_kwargs)
         install_strategy(trainer, chosen)
         self.plan = plan
-        rank_zero_info(str(plan))
+        if self.verbose:
+            rank_zero_info(str(plan))
         for warning in plan.warnings:
             rank_zero_warn(warning)
         env = self.cluster_environment

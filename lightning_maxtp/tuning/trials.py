@@ -86,7 +86,8 @@ class KnobTrial:
     def undo_reason(self, min_gain: float) -> str:
         """Why its settings were undone, for the knob change that undid them."""
         return {
-            "reverted": f"reverted: {self.gain:+.1%} < {min_gain:.0%}",
+            "reverted": f"reverted: {self.gain:+.1%}, under the {min_gain:.0%} a trial must "
+            "gain to be measured again",
             "undecided": f"undecided: {self.gain:+.1%} not beyond the noise "
             f"({self.noise or 0:.0%}) or under the gain its windows must show "
             f"({3 * min_gain:.0%} on two pairs, {2 * min_gain:.0%} on three), the original kept",

@@ -12,33 +12,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_demo_smoke_trains_with_the_callback_and_reports(tmp_path: Path) -> None:
+def test_demo_smoke_prints_a_few_short_lines_and_reports(tmp_path: Path) -> None:
     demo = str(ROOT / "examples" / "demo.py")
     out = subprocess.run(
         [sys.executable, demo, "--smoke", "--data-dir", str(tmp_path / "data")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # the callback logs its progress
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # the callback logs to stderr
         text=True, timeout=300, check=True, cwd=tmp_path,
     ).stdout  # fmt: skip
-    assert "== 1. the machine (maxtp inspect)" in out
-    assert re.search(r"^cpu .* effective$", out, flags=re.M)
+    lines = out.splitlines()
+    assert len(lines) <= 8 and all(len(line) <= 100 for line in lines), out
     assert list(tmp_path.glob("data/jpeg-*/class_*/*.jpg")), "the demo generates its data locally"
-    assert "+ callbacks=[MaxThroughputCallback()]" in out
-    assert re.search(r"^maxtp: plan: \d+ usable CPUs", out, flags=re.M), "the plan is shown"
-    assert re.search(r"^maxtp: baseline [\d.]+ samples/s over 4 steps", out, flags=re.M)
-    assert re.search(r"^== 4\. result \(\d+ s fit, \d+ s of it tuning on real steps\)", out, re.M)
-    assert re.search(r"^   throughput: [\d.]+ -> [\d.]+ img/s \(\d\.\d\dx defaults\)", out, re.M)
-    assert re.search(r"^   settings now: num_workers=\d+, prefetch_factor=", out, flags=re.M)
-    assert re.search(r"^   stopped: \S", out, flags=re.M)
-    assert re.search(r"^   diagnosis now: \w+", out, flags=re.M)
-    limit = (
-        r"^     distance to the limit: (at [\d.]+% of this device's measured fp32 peak|"
-        r"the loader gives [\d,]+ samples/s|loading runs in series with the step)"
-    )
-    assert re.search(limit, out, flags=re.M), "the demo says how far it runs from the limit"
+    assert lines[0].endswith("+ MaxThroughputCallback()"), out
+    assert re.search(r"^maxtp: plan: tune loader, threads", out, flags=re.M), "the plan is shown"
+    assert re.search(r"^maxtp: baseline [\d.]+ samples/s, bottleneck \w+", out, flags=re.M)
+    result = r"^maxtp: result: [\d.]+ -> [\d.]+ samples/s \(\d+\.\d\dx\); tuning cost [\d.]+ s"
+    assert re.search(result, out, flags=re.M), out
+    assert re.search(r"^maxtp: now \w+-bound", out, flags=re.M), "what holds the run now"
     report = tmp_path / "demo-report"
-    assert f"report files: report.json, report.md, timeline.png in {report}" in out
+    assert lines[-1] == "maxtp: report: demo-report/report.md", out  # relative to the cwd
     written = json.loads((report / "report.json").read_text())
-    assert "knob_changes" in written
+    assert "knob_changes" in written and (report / "timeline.png").is_file()
     assert written["limit"]["limit"] in ("device", "loader") and written["limit"]["text"]
     assert written["tuning"]["cost"]["over_s"] == 0.0, "tuning kept within its budget"
 
