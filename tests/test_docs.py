@@ -6,10 +6,14 @@ reference it cannot resolve; these tests keep the rules it cannot see.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 from lightning_maxtp.callbacks import BottleneckMonitor, MaxThroughputCallback, metrics
+from lightning_maxtp.tuning.config import TuningConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -71,3 +75,91 @@ def test_the_readme_is_short_and_leads_with_install_and_the_one_line() -> None:
     install = text.index("pip install")
     assert install < text.index("callbacks=[MaxThroughputCallback(") < text.index("## The two")
     assert "bash examples/demo.sh" in text and "bash .ci/run" in text
+
+
+def _hooks() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hooks", DOCS / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_callback_page_gives_every_argument_with_the_codes_default() -> None:
+    hooks = _hooks()
+    page = (DOCS / "callback.md").read_text()
+    assert hooks.ARGUMENTS_MARK in page and "| `warmup_steps` |" not in page, "a copy in the page"
+    rendered = hooks.on_page_markdown(page)
+    rows = re.findall(r"^\| `(\w+)` \| `([^`]*)` \| `([^`]*)` \| (.*) \|$", rendered, re.M)
+    shown = {name: default for name, _, default, _ in rows}
+    signature = inspect.signature(MaxThroughputCallback).parameters
+    assert list(shown) == list(signature), "every argument, in the signature's order"
+    assert shown == {name: repr(p.default) for name, p in signature.items()}
+    # The loop's settings: the callback's defaults are TuningConfig's, and so is the text.
+    fields = {f.name: f.default for f in dataclasses.fields(TuningConfig)}
+    assert {k: shown[k] for k in fields} == {k: repr(v) for k, v in fields.items()}
+    texts = {name: text for name, _, _, text in rows}
+    assert all(texts.values()), [n for n, t in texts.items() if not t]
+    assert not [n for n, t in texts.items() if "same default" in t]
+    assert texts["time_budget_s"] == "No trial starts after this many seconds of tuning."
+
+
+def test_the_api_reference_shows_the_callbacks_real_defaults_and_texts() -> None:
+    import griffe
+
+    extensions = griffe.load_extensions(f"{DOCS / 'griffe_defaults.py'}:RealDefaults")
+    package = griffe.load(
+        "lightning_maxtp", search_paths=[str(ROOT)], docstring_parser="google",
+        extensions=extensions,
+    )  # fmt: skip
+    callback = package["callbacks.max_throughput.MaxThroughputCallback"]
+    defaults = {p.name: str(p.default) for p in callback["__init__"].parameters}
+    signature = inspect.signature(MaxThroughputCallback).parameters
+    assert {n: defaults[n] for n in signature} == {n: repr(p.default) for n, p in signature.items()}
+    assert "same default" not in callback.docstring.value
+    assert "- docs/griffe_defaults.py:RealDefaults" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_public_name_has_its_entry_in_the_api_reference() -> None:
+    import importlib
+
+    import lightning_maxtp
+
+    page = (DOCS / "api.md").read_text()
+    entries = re.findall(r"^::: ([\w.]+)$", page, re.M)
+    documented = {}
+    for path in entries:
+        module, name = path.rsplit(".", 1)
+        documented[name] = getattr(importlib.import_module(module), name)
+    public = [name for name in lightning_maxtp.__all__ if name != "__version__"]
+    missing = [name for name in public if name not in documented]
+    assert not missing, f"add a `::: module.Name` entry to docs/api.md for {missing}"
+    wrong = [n for n in public if documented[n] is not getattr(lightning_maxtp, n)]
+    assert not wrong, f"docs/api.md documents another object under these names: {wrong}"
+    assert "`lightning_maxtp.__version__`" in page
+
+
+GPU_RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+NOT_MEASURED = "Not yet measured on a GPU"
+
+
+def test_the_not_measured_on_a_gpu_notice_stays_exactly_until_a_gpu_result_exists() -> None:
+    results = sorted(
+        p.relative_to(ROOT)
+        for p in (GPU_RESULTS.rglob("*") if GPU_RESULTS.is_dir() else [])
+        if p.is_file() and p.name not in ("README.md", ".gitkeep")
+    )
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        shown = NOT_MEASURED in page.read_text()
+        if results:
+            assert not shown, (
+                f"{page.name} says '{NOT_MEASURED}' but {results[0]} is a GPU result: replace "
+                "the notice with what the GPU run measured"
+            )
+        else:
+            assert shown, (
+                f"{page.name}: nothing under benchmarks/results/gpu/ yet, so the page must say "
+                f"'{NOT_MEASURED}' (its GPU figures are targets)"
+            )
