@@ -30,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import targets  # noqa: E402
+
 GPU_ARGS = [
     "--device", "cuda", "--model", "resnet50", "--images", "4096", "--image-size", "288",
     "--crop", "224", "--steps", "30", "--warmup", "100", "--warmup-callback", "100",
@@ -59,7 +61,7 @@ COMPACT_ARGS = [
 """``--compact`` (``gpu_check_all``'s compact profile): no sweep; Lightning's defaults, the
 callback with ``allow="safe"`` and with ``allow="all"`` from them, and the expert's hand
 configuration, one fit each."""
-TARGETS = {"callback-all": 4500.0, "callback": 2000.0}
+TARGETS = targets.CALLBACK
 """Steady samples/s each callback run should reach on one H200 (reported, not asserted)."""
 EXPERT_SHARE = 0.9
 """The callback from defaults must reach this share of the expert's hand configuration."""

@@ -48,6 +48,7 @@ from benchmarks.inference_jpeg import (  # noqa: E402
     prepare_images,
     timed,
 )
+from benchmarks.targets import INFERENCE  # noqa: E402
 from benchmarks.workloads.jpeg_inference import build_classifier, decode  # noqa: E402
 from lightning_maxtp.resources.host import probe_cpus  # noqa: E402
 
@@ -57,7 +58,7 @@ QUICK = {**FULL, "repeat": 3, "rounds": 1}
 """``--quick`` (``gpu_check_all``'s compact profile): 3,072 images, one round."""
 SMOKE = {"images": 48, "repeat": 1, "naive_images": 16, "image_size": 64, "crop": 32,
          "model": "resnet18", "batch_size": 16, "rounds": 1, "pool_workers": 2}  # fmt: skip
-REFERENCE = {"naive": 289.0, "expert": 5036.0}
+REFERENCE = INFERENCE
 
 
 def gpu_ceiling(model_name: str, batch: int, crop: int) -> float:

@@ -4,9 +4,10 @@ Model FLOPs utilization divides by a peak. A datasheet's peak is the wrong divis
 that runs at another clock or power limit, on a SKU the table does not know, or on a CPU; so
 the library measures its own: square matmuls of a few sizes per dtype (fp32 on a CPU, with the
 threads torch uses; fp32, tf32, bf16 and fp16 on a CUDA device), timed in short synchronized
-groups, the fastest group of the best size kept. It takes a few hundred milliseconds per dtype
-and is cached under the user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), keyed by
-the device, its driver and the torch version, and refreshed on request; ``cached_peak`` reads
+groups, the fastest group of the best size kept. It takes ``seconds_per_size`` per size and
+dtype (``measure_peak``; ``docs/cli.md`` states the total) and is cached under the user's cache
+directory (``XDG_CACHE_HOME``, else ``~/.cache``), keyed by the device, its driver and the torch
+version, and refreshed on request; ``cached_peak`` reads
 the cache without ever measuring. The matrices come from a generator of their own, so a
 measurement in the middle of a fit leaves the training's random numbers as they were. The
 datasheet value, where known, is shown beside it as a cross-check and never used instead.
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lightning_maxtp._checks import SECONDS, refuse_bool
 
 if TYPE_CHECKING:
     import torch
@@ -302,6 +305,7 @@ def measure_peak(
         ValueError: For a device that is neither ``cpu`` nor an available ``cuda`` device, or
             a ``seconds_per_size`` that is not positive.
     """
+    refuse_bool("seconds_per_size", seconds_per_size, SECONDS, 0.1)
     if seconds_per_size <= 0:
         raise ValueError(f"`seconds_per_size` must be > 0, got {seconds_per_size}")
     _check_device(device)
