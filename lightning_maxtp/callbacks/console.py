@@ -1,11 +1,12 @@
 """What the callback prints by default: a few short lines, each answering one question.
 
 ``verbose=True`` (the default) prints, on global rank zero, at most these lines of at most
-``WIDTH`` characters: the plan and what binds its budget; the baseline and its bottleneck; one
-line per trial with its verdict; the result with the tuning cost; the distance to the limit and
-the next opt-in; where the report is. ``verbose="steps"`` prints every step of the loop as
-well (re-measures, notes, the full summaries); ``verbose=False`` prints nothing. The lines are
-pure functions of what the loop measured, so that a test can read them without a fit.
+``WIDTH`` characters (the report's path is never cut): the plan and what binds its budget; the
+baseline and its bottleneck; one line per trial with its verdict; the result with the tuning
+cost; the distance to the limit and the next opt-in; where the report is. ``verbose="steps"``
+prints every step of the loop as well (re-measures, notes, the full summaries);
+``verbose=False`` prints nothing. The lines are pure functions of what the loop measured, so
+that a test can read them without a fit.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def _next(report: ThroughputReport) -> str:
 
 def _held(report: ThroughputReport) -> str:
     """What holds the run now, and how close to that limit it runs."""
-    held, limit = f"now {report.bottleneck}-bound", report.limit
+    kind = report.bottleneck
+    held = "now no bottleneck above threshold" if kind == "healthy" else f"now {kind}-bound"
+    limit = report.limit
     if limit is None or limit.share is None:
         return held
     if limit.limit == "device":
@@ -154,6 +157,6 @@ def result_lines(
         state = "tuning stopped" if summary.finished else "the fit ended while tuning"
         lines.append(fit(f"result: not measured ({state}: {summary.stop_reason or 'no window'})"))
     lines.append(fit(_held(report) + _next(report)))
-    if report_dir is not None:
-        lines.append(fit(f"report: {_where(report_dir / 'report.md')}"))
+    if report_dir is not None:  # a path cut short is no path: this line may be longer
+        lines.append(f"report: {_where(report_dir / 'report.md')}")
     return lines

@@ -24,7 +24,10 @@ from tests.helpers.models import IdModel
 def _fit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, verbose: Any
 ) -> tuple[MaxThroughputCallback, list[str]]:
-    """The callback and the ``maxtp:`` lines of a small data-bound fit at ``verbose``."""
+    """The callback and the ``maxtp:`` lines of a small data-bound fit at ``verbose``.
+
+    Run from ``tmp_path``: the report's path is printed relative to the working directory.
+    """
     pl.seed_everything(3, verbose=False)
     callback = MaxThroughputCallback(
         warmup_steps=2, window_steps=8, max_trials=2, cost_share=None, verbose=verbose,
@@ -44,8 +47,9 @@ def _fit(
 
 
 def test_the_default_prints_a_few_short_lines_that_answer_the_fit(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     callback, lines = _fit(tmp_path, caplog, True)
 
     assert all(line.startswith("maxtp: ") and len(line) <= WIDTH for line in lines), lines
@@ -59,8 +63,10 @@ def test_the_default_prints_a_few_short_lines_that_answer_the_fit(
     result = lines[-3]
     speedup = callback.tuning.speedup
     assert result.startswith("maxtp: result: ") and f"({speedup:.2f}x)" in result, lines
-    assert lines[-2].startswith(f"maxtp: now {callback.report.bottleneck}-bound")
-    assert lines[-1].startswith("maxtp: report: ") and lines[-1].endswith("report.md")
+    kind = callback.report.bottleneck
+    held = "no bottleneck above threshold" if kind == "healthy" else f"{kind}-bound"
+    assert lines[-2].startswith(f"maxtp: now {held}"), lines
+    assert lines[-1] == f"maxtp: report: {Path('report', 'report.md')}", lines
     assert (tmp_path / "report" / "report.md").is_file()
 
 
