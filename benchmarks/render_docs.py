@@ -954,7 +954,28 @@ def ci_suite(root: Path) -> str:
     )
 
 
+def _console_lines(root: Path) -> list[str]:
+    """The demo's console output as ``benchmarks/demo_record.py`` recorded it, line by line."""
+    path = root / RESULTS / "demo_console_cpu-2core.txt"
+    if not path.is_file():
+        raise RenderError(f"{path.relative_to(root)} is missing: run benchmarks/demo_record.py")
+    return path.read_text().splitlines()
+
+
+def console(root: Path) -> str:
+    """The demo's whole console output, as a user sees it (a sample, not a measurement)."""
+    return "\n```text\n" + "\n".join(_console_lines(root)) + "\n```\n"
+
+
+def console_limit(root: Path) -> str:
+    """The demo's closing lines: the result, and what holds the run now with its distance."""
+    kept = [x for x in _console_lines(root) if x.startswith(("maxtp: result", "maxtp: now"))]
+    return "\n```text\n" + "\n".join(kept) + "\n```\n"
+
+
 REGIONS: dict[str, Callable[[Path], str]] = {
+    "console": console,
+    "console-limit": console_limit,
     "headline": headline,
     "readme-measured": readme_measured,
     "gpu-reference": gpu_reference,

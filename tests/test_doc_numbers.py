@@ -22,10 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 GENERATED = re.compile(r"<!-- numbers:[a-z0-9-]+ -->.*?<!-- /numbers -->", re.S)
-# Console samples are copied from a run of the demo and regenerated from a demo run when the
-# console's wording changes: they show what the library prints, not a measurement to trust, so
-# their numbers are not checked here (the demo's measured numbers are in the generated regions).
-SAMPLE = re.compile(r"<!-- sample:console -->\n(.*?)<!-- /sample -->", re.S)
+# Console samples are generated regions too: ``benchmarks/demo_record.py`` records a demo run's
+# output, ``render_docs`` copies it (one code block, nothing else).
+SAMPLE = re.compile(r"<!-- numbers:console(?:-[a-z]+)? -->\n(.*?)<!-- /numbers -->", re.S)
 FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1[^\n]*$", re.S | re.M)
 NUMBER = re.compile(
     r"(?<![\w.,/-])[+-]?(\d[\d,]*(?:\.\d+)?)"
