@@ -161,19 +161,31 @@ def _loader() -> Any:
 
 
 def test_registered_name_trains_on_a_single_device(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
     model = _tiny_module()
     before = model.layer.weight.detach().clone()
     trainer = _trainer(strategy="AUTO_MAXTP", accelerator="cpu")
-    with caplog.at_level("INFO"):
-        trainer.fit(model, _loader())
+    # Read from the library's own logger, at INFO, whatever an earlier test in this process
+    # left on the logging tree: the line itself is what is tested.
+    logger = logging.getLogger("lightning_maxtp")
+    heard: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = heard.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with caplog.at_level("INFO", logger="lightning_maxtp"):
+            trainer.fit(model, _loader())
+    finally:
+        logger.removeHandler(handler)
     assert type(trainer.strategy) is SingleDeviceStrategy
     assert trainer.global_step == 3
     assert not model.layer.weight.detach().equal(before)
-    messages = [r.getMessage() for r in caplog.records]
-    lines = [m for m in messages if m.startswith("maxtp: strategy:")]
-    assert len(lines) == 1
+    lines = [r.getMessage() for r in heard if r.getMessage().startswith("maxtp: strategy:")]
+    state = (logger.level, logger.disabled, logger.propagate, logging.root.manager.disable)
+    assert len(lines) == 1, (lines, state)
     assert lines[0].startswith("maxtp: strategy: single device on 1 CPU process.")
     assert "18 params (18 trainable), 32-true" in lines[0]
     # Given by name, the strategy reads the optimizer from configure_optimizers: plain SGD
