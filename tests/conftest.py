@@ -180,3 +180,21 @@ def no_leaked_environment() -> Iterator[None]:
             del os.environ[key]
     leaked = sorted(changed - _LAUNCHER_VARIABLES)
     assert not leaked, f"test changed environment variables and left them: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def library_logger_as_in_a_fresh_process() -> Iterator[None]:
+    """Give each test the ``lightning_maxtp`` logger as a fresh process has it.
+
+    The tests that read the library's console lines through ``caplog`` need the logger to reach
+    the root: its level unset, propagating, enabled, the root its parent, no filter, none but
+    its own handler. Whatever changed one of them earlier in this process (a test, a script run
+    in-process, a library configuring logging) must not hide a later test's lines.
+    """
+    import logging
+
+    logger = logging.getLogger("lightning_maxtp")
+    logger.setLevel(logging.NOTSET)
+    logger.propagate, logger.disabled, logger.parent = True, False, logging.getLogger()
+    logger.filters[:] = []
+    yield

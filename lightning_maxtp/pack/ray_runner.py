@@ -320,12 +320,19 @@ class _RayRun:
         self.progress.event(f"{demand.name} {how}: running it again ({attempt.path} kept)")
 
     def _lost(self, attempt: _Attempt, why: str) -> None:
-        """The task died without its end (a lost worker or node): retry, or record it lost."""
+        """The task died without its end (a lost worker or node): retry, or record it lost.
+
+        A task this runner cancelled can end this way too (``ray.cancel(force=True)`` kills its
+        worker, which Ray may report as a crash): that is a stop, not a loss.
+        """
+        if attempt.cancelled:
+            self._cancelled(attempt)
+            return
         self._write(attempt, f"\n# the Ray task was lost: {why}\n".encode())
         attempt.log.close()
         wall = self._wall(attempt)
         retries = self.plan.jobs[attempt.demand.job].retries
-        if not attempt.cancelled and attempt.number <= retries:
+        if attempt.number <= retries:
             self._again(attempt, f"lost on {self._host(attempt)} ({why})", attempt.demand)
         else:
             self._done(attempt, code=None, status="lost", wall=wall)
