@@ -49,20 +49,24 @@ def test_inspect_text_table() -> None:
     assert any(line.startswith("advice ") for line in lines)
 
 
-def test_inspect_imports_neither_torch_nor_lightning() -> None:
+def _heavy_imports_of(call: str) -> str:
+    """The heavy modules a fresh interpreter holds after ``call`` (a ``main([...])`` line)."""
     code = (
         "import sys, io, contextlib\n"
         "from lightning_maxtp.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    main(['inspect', '--json'])\n"
+        f"    {call}\n"
         "heavy = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    ).stdout
-    assert out.strip() == "[]"
+    ).stdout.strip()
+
+
+def test_inspect_imports_neither_torch_nor_lightning() -> None:
+    assert _heavy_imports_of("main(['inspect', '--json'])") == "[]"
 
 
 def test_bad_arguments_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,19 +134,7 @@ def test_report_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
     from tests.helpers.tuned_report import tuned_report
 
     tuned_report().write(tmp_path)
-    code = (
-        "import sys, io, contextlib\n"
-        "from lightning_maxtp.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    assert main(['report', {str(tmp_path)!r}]) == 0\n"
-        "heavy = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
-        "print(heavy)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    ).stdout
-    assert out.strip() == "[]"
+    assert _heavy_imports_of(f"assert main(['report', {str(tmp_path)!r}]) == 0") == "[]"
 
 
 def test_report_draws_the_plot_a_fit_without_matplotlib_could_not(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import json
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,23 @@ from lightning_maxtp.callbacks import BottleneckMonitor
 from lightning_maxtp.observe import JobContext, KnobChange, SamplerSeries, ThroughputReport, Window
 from lightning_maxtp.observe.diagnosis import diagnose
 from tests.helpers import planted
+
+
+@contextlib.contextmanager
+def _figures_saved() -> Iterator[list[Any]]:
+    """Every matplotlib figure saved inside the block, read after it (the PNG drawn as is)."""
+    import matplotlib.figure
+
+    drawn: list[matplotlib.figure.Figure] = []
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
+        drawn.append(fig)
+        save(fig, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+        yield drawn
 
 
 def test_monitored_fit_logs_metrics_prints_summary_and_writes_report(
@@ -126,17 +145,7 @@ def test_timeline_draws_blocked_spans_stalls_and_many_changes(tmp_path: Path) ->
         windows=(window,), diagnoses=(), step_log=tuple(steps), knob_changes=changes,
         spans=(("tuning", 0.1, 6.0), ("blocked", 5.5, 8.5)),
     )  # fmt: skip
-    import matplotlib.figure
-
-    drawn: list[matplotlib.figure.Figure] = []
-    save = matplotlib.figure.Figure.savefig
-
-    def keep(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
-        drawn.append(fig)
-        save(fig, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    with _figures_saved() as drawn:
         written = report.write(tmp_path)
     assert written["timeline.png"].stat().st_size > 10_000
     assert json.loads((tmp_path / "report.json").read_text())["spans"] == [
@@ -285,19 +294,9 @@ def test_timeline_title_has_the_speedup_one_marker_per_trial_and_the_tuning_span
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("matplotlib")
-    import matplotlib.figure
-
     from tests.helpers.tuned_report import tuned_report
 
-    drawn: list[matplotlib.figure.Figure] = []
-    save = matplotlib.figure.Figure.savefig
-
-    def keep(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
-        drawn.append(fig)
-        save(fig, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    with _figures_saved() as drawn:
         tuned_report().write(tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     (fig,) = drawn
