@@ -221,6 +221,9 @@ def main(argv: list[str]) -> int:
         record = tmp / f"{case}.json"
         pid = os.fork()
         if pid == 0:  # the child: one fit, its record, and out without the parent's cleanup
+            # Ctrl-C raises KeyboardInterrupt, as in a terminal: a process started in the
+            # background of a shell (CI) inherits SIGINT ignored, and Python keeps it so.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             code = 0
             try:
                 record.write_text(json.dumps(run_case(case, tmp)))
