@@ -35,6 +35,15 @@ START_TIMEOUT_S = 600.0
 _POLL_S = 1.0
 
 
+def _gone(ray: Any) -> tuple[type[Exception], ...]:
+    """The errors of ``ray.kill`` and ``ray.cancel`` that say there is nothing left to stop.
+
+    A ``RayError`` (the actor, or Ray itself, is gone), or the ``ValueError`` older Rays raise
+    for an actor they no longer know. Anything else is a bug, and is raised.
+    """
+    return (ray.exceptions.RayError, ValueError)
+
+
 @dataclass(eq=False)
 class _Actor(Slot):
     """A worker slot held by a Ray actor; a fresh actor takes over the slot of a dead one."""
@@ -171,7 +180,7 @@ class RayBackend:
         import ray
 
         for actor in live:
-            with contextlib.suppress(Exception):  # already dead, or Ray already shut down
+            with contextlib.suppress(*_gone(ray)):  # dead already, or Ray shut down
                 ray.kill(actor.handle)
             actor.handle = actor.ready_ref = None
             actor.ready = False
@@ -260,7 +269,7 @@ class _RayRun(Run):
             import ray
 
             for ref in self.where:
-                with contextlib.suppress(Exception):  # finished already, or Ray is gone
+                with contextlib.suppress(*_gone(ray)):  # finished already, or Ray is gone
                     ray.cancel(ref)
             self.where.clear()
         for actor in self.actors:
@@ -324,7 +333,7 @@ class _RayRun(Run):
             ) from error
         if isinstance(error, ray.exceptions.ActorUnschedulableError):
             raise RuntimeError(f"Ray cannot place actor #{actor.worker_id}: {error}") from error
-        with contextlib.suppress(Exception):  # a call that raised leaves its actor alive
+        with contextlib.suppress(*_gone(ray)):  # a call that raised left its actor alive
             ray.kill(actor.handle)
         lines = str(error).strip().splitlines()
         reason = f"{type(error).__name__}: {lines[0][:200] if lines else ''}"

@@ -8,9 +8,12 @@ import Ray.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_maxtp._log import prefixed
 from lightning_maxtp._units import GIB
 from lightning_maxtp.pack.ray_placement import RayNode, RayPlan, cluster_nodes, plan_ray
 from lightning_maxtp.pack.ray_task import gpu_memory_bytes
@@ -24,6 +27,8 @@ NEEDS_RAY = (
     "(or pip install 'ray>=2.9')"
 )
 _GPU_PROBE_TIMEOUT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def import_ray() -> Any:
@@ -57,25 +62,50 @@ def connect(address: str | None) -> bool:
 
 
 def _gpu_bytes(nodes: Sequence[RayNode]) -> int | None:
-    """The smallest GPU of the cluster, read by NVML on each GPU node (``None``: unknown)."""
-    ray = import_ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """The smallest GPU of the cluster, read by NVML on each GPU node (``None``: unknown).
 
+    A node that cannot tell (no NVML there, no answer in time, a failed probe) leaves the size
+    unknown, and jobs that declare their GPU memory get whole GPUs: one warning names each such
+    node and why.
+    """
+    ray = import_ray()
+    affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
     probe = ray.remote(gpu_memory_bytes)
+    gpu_nodes = [node for node in nodes if node.gpus > 0]
     refs = [
-        probe.options(
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote()
-        for node in nodes
-        if node.gpus > 0
+        probe.options(num_cpus=0, scheduling_strategy=affinity(node.node_id, soft=False)).remote()
+        for node in gpu_nodes
     ]
-    try:
-        sizes = ray.get(refs, timeout=_GPU_PROBE_TIMEOUT_S)
-    except Exception:  # a node that cannot answer: shares stay unknown (whole GPUs)
+    deadline = time.monotonic() + _GPU_PROBE_TIMEOUT_S
+    sizes: list[int] = []
+    unknown: list[str] = []
+    for node, ref in zip(gpu_nodes, refs, strict=True):
+        try:
+            size, why = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            size, why = None, f"no answer within {_GPU_PROBE_TIMEOUT_S:.0f} s"
+        except ray.exceptions.RayError as err:  # the probe raised, or its worker or node died
+            size, why = None, f"the probe failed ({_first_line(err)})"
+        if size:
+            sizes.append(int(size))
+        else:
+            unknown.append(f"node {node.node_id}: {why or 'NVML gave no size'}")
+    if unknown:
+        log.warning(
+            prefixed(
+                "GPU size unknown (%s): jobs that declare gpu_memory_gib get whole GPUs; "
+                "give the size (--gpu-size-gib, gpu_size_gib=) to share GPUs"
+            ),
+            "; ".join(unknown),
+        )
         return None
-    known = [s for s in sizes if s]
-    return min(known) if len(known) == len(sizes) and known else None
+    return min(sizes, default=None)
+
+
+def _first_line(err: BaseException) -> str:
+    """``RayTaskError: <the first line of its message>`` (Ray's carry the remote traceback)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 def plan_ray_pack(

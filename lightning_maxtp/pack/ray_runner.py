@@ -241,7 +241,7 @@ class _RayRun:
                 item = self.ray.get(attempt.ref, timeout=GET_TIMEOUT_S)
             except self.ray.exceptions.GetTimeoutError:
                 return
-            except Exception as err:  # a failed task's last ref is its error
+            except self.ray.exceptions.RayError as err:  # a failed task's last ref is its error
                 attempt.ref = None
                 self._failed(attempt, err)
                 return
@@ -252,15 +252,17 @@ class _RayRun:
     def _failed(self, attempt: _Attempt, err: Exception) -> None:
         """The task raised: cancelled by us, our own code failed, or its worker or node died."""
         exceptions = self.ray.exceptions
-        if isinstance(err, exceptions.TaskCancelledError):
+        # A task this runner cancelled may end in any error: Ray interrupts its worker, and a
+        # worker that inherited SIGINT ignored (a CI job started in the background) fails inside
+        # Ray's own interrupt with a TypeError. It was stopped on purpose either way.
+        if attempt.cancelled or isinstance(err, exceptions.TaskCancelledError):
             self._cancelled(attempt)
         elif isinstance(err, exceptions.RayTaskError):  # our task's own code raised
             self._write(attempt, f"\n# the Ray task failed: {err}\n".encode())
             self._done(attempt, code=None, status="failed", wall=self._wall(attempt))
-        elif isinstance(err, exceptions.RayError):  # its worker or node died
-            self._lost(attempt, f"{type(err).__name__}: {str(err).splitlines()[0]}")
-        else:
-            raise err
+        else:  # its worker or node died
+            lines = str(err).strip().splitlines()
+            self._lost(attempt, f"{type(err).__name__}: {lines[0] if lines else ''}")
 
     def _handle(self, attempt: _Attempt, item: dict[str, Any]) -> bool:
         """Take one item of the task; whether it was the last."""

@@ -105,6 +105,19 @@ class _Output:
         return data
 
 
+def _interruptible() -> None:
+    """Give this worker Python's own SIGINT handler if it inherited SIGINT ignored.
+
+    ``ray.cancel`` stops a running task by interrupting its worker; a worker started from a
+    shell's background job (a CI script, ``nohup``) inherits SIGINT ignored, and Ray's interrupt
+    then fails with a ``TypeError`` instead of stopping the task.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; Ray runs tasks there
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def job_task(
     command: str | Sequence[str],
     *,
@@ -124,6 +137,7 @@ def job_task(
     """
     import ray  # the worker has it; importing it at module level would cost the driver's CLI
 
+    _interruptible()
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     ours = job_env(threads, ",".join(gpu_ids))
     variables = {**ours, **env}
@@ -170,11 +184,13 @@ def job_task(
         peak = tree.peak_rss_bytes or None
         yield {"kind": "end", "exit_code": code, "wall_s": wall, "peak_rss_bytes": peak}
     finally:
-        if code is None:  # cancelled (or the consumer went away): stop the tree
-            _stop(tree, status)
-        os.close(alive_w)  # past this, the keeper ends the group itself
-        status.close()
-        launcher.stdout.close()
+        try:
+            if code is None:  # cancelled (or the consumer went away): stop the tree
+                _stop(tree, status)
+        finally:
+            os.close(alive_w)  # past this, the keeper ends the group itself
+            status.close()
+            launcher.stdout.close()
 
 
 def _launch(
@@ -240,36 +256,47 @@ class _Status:
 
 
 def _stop(tree: Tree, status: _Status) -> None:
-    """SIGTERM to the job's group, SIGKILL after a grace period (or once it has ended)."""
-    with contextlib.suppress(Exception):
-        tree.sample()
-    tree.signal(signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_GRACE_S
-    while status.code(0.1) is None and not status.closed and time.monotonic() < deadline:
-        pass
-    tree.signal(signal.SIGKILL)
+    """SIGTERM to the job's group, SIGKILL after a grace period (or once it has ended).
+
+    The signals are sent whatever happens first: ``Tree.sample`` skips processes that went
+    (``psutil.Error``) itself, so what it raises is a bug, raised once the job is stopped.
+    """
+    try:
+        tree.sample()  # descendants that left the job's group get the signals too
+    finally:
+        tree.signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        while status.code(0.1) is None and not status.closed and time.monotonic() < deadline:
+            pass
+        tree.signal(signal.SIGKILL)
 
 
-def gpu_memory_bytes() -> int | None:
-    """The smallest GPU's total memory on this node, read by NVML; ``None`` when it can't tell.
+def gpu_memory_bytes() -> tuple[int | None, str | None]:
+    """The smallest GPU's total memory on this node, read by NVML, or ``None`` and why not.
 
     Ray reports GPUs as counts only; jobs that declare their GPU memory need the GPU's size to
-    ask for the right share of one.
+    ask for the right share of one. This runs on the node, whose log the submitting machine
+    does not show, so the reason comes back with the answer. An error NVML does not raise (a
+    bug) is raised: the submitting machine reports the failed task.
     """
     try:
         import pynvml
-
+    except ImportError as err:
+        return None, f"nvidia-ml-py is not installed there ({err})"
+    try:
         pynvml.nvmlInit()
-    except Exception:  # no nvidia-ml-py, or no driver on this node
-        return None
+    except (pynvml.NVMLError, OSError) as err:
+        return None, f"NVML did not start ({type(err).__name__}: {err})"
     try:
         sizes = [
             int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
             for i in range(pynvml.nvmlDeviceGetCount())
         ]
-    except Exception:
-        return None
+    except pynvml.NVMLError as err:
+        return None, f"NVML could not read a GPU's memory ({type(err).__name__}: {err})"
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(pynvml.NVMLError):  # a failed shutdown changes no answer
             pynvml.nvmlShutdown()
-    return min(sizes, default=None)
+    if not sizes:
+        return None, "NVML lists no GPU there"
+    return min(sizes), None

@@ -8,7 +8,6 @@ applies it, so indices here are the ordinals ``torch.cuda`` will use in this pro
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -215,9 +214,10 @@ def probe_nvml(nvml: Any, visible_env: str | None) -> GpuProbe:
 
     Raises:
         Exception: Whatever ``nvml.nvmlInit()`` raises when NVML cannot start; the caller turns
-            it into a note and falls back to torch.
+            an NVML error into a note and falls back to torch.
     """
     nvml.nvmlInit()
+    shutdown: list[str] = []
     try:
         notes: list[str] = []
         driver = _read(notes, "driver version", nvml.nvmlSystemGetDriverVersion)
@@ -233,12 +233,24 @@ def probe_nvml(nvml: Any, visible_env: str | None) -> GpuProbe:
             _nvml_gpu(nvml, handles[phys], ordinal=ordinal, phys=phys, uuid=uuids[phys], own=own)
             for ordinal, phys in enumerate(visible)
         ]
-        return GpuProbe(
-            tuple(gpus), "nvml", None if driver is None else _text(driver), cuda_text, tuple(notes)
-        )
-    finally:
-        with contextlib.suppress(Exception):  # a failed shutdown must not hide the result
-            nvml.nvmlShutdown()
+    finally:  # a failed shutdown does not hide the result: it is one more note
+        _read(shutdown, "NVML shutdown", nvml.nvmlShutdown)
+    return GpuProbe(
+        tuple(gpus),
+        "nvml",
+        None if driver is None else _text(driver),
+        cuda_text,
+        (*notes, *shutdown),
+    )
+
+
+def _nvml_errors(nvml: Any) -> tuple[type[Exception], ...]:
+    """What an NVML module raises when NVML cannot start or answer.
+
+    Its ``NVMLError``, and ``OSError`` for a library that cannot be loaded (for a module-like
+    object without ``NVMLError``: any ``Exception``). Anything else is a bug, and is raised.
+    """
+    return (getattr(nvml, "NVMLError", Exception), OSError)
 
 
 def _read(sink: list[str], label: str, fn: Callable[..., T], *args: Any) -> T | None:
@@ -355,5 +367,5 @@ def probe_gpus(nvml: Any = None) -> GpuProbe:
             return probe_torch(f"pynvml is not installed ({err}); pip install nvidia-ml-py")
     try:
         return probe_nvml(nvml, visible_env)
-    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except _nvml_errors(nvml) as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return probe_torch(f"{type(err).__name__}: {err}")

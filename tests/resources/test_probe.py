@@ -223,6 +223,41 @@ def test_torch_fallback_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe.notes[-1] == "torch.cuda.is_available() is False"
 
 
+class _ShutdownFails(FakeNvml):
+    def nvmlShutdown(self) -> None:
+        super().nvmlShutdown()
+        raise NVMLError("Uninitialized")
+
+
+def test_a_failed_nvml_shutdown_is_a_note_and_keeps_the_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = _ShutdownFails([FakeGpu(uuid=uuid(0))])
+    probe = probe_gpus(nvml)
+    assert probe.backend == "nvml" and len(probe.gpus) == 1 and nvml.shutdowns == 1
+    assert probe.notes[-1] == "NVML shutdown: NVMLError: Uninitialized"
+
+
+class _CountBreaks(FakeNvml):
+    def nvmlDeviceGetCount(self) -> int:
+        raise TypeError("a bug, not an NVML error")
+
+
+def test_an_error_nvml_does_not_raise_is_raised_not_a_torch_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only NVML's own errors (and OSError) mean "no NVML here"; a bug must not become a note.
+    monkeypatch.setattr(_gpu_probe, "has_gpu_driver", lambda: False)
+    nvml = _CountBreaks([FakeGpu(uuid=uuid(0))])
+    with pytest.raises(TypeError, match="a bug, not an NVML error"):
+        probe_gpus(nvml)
+    assert nvml.shutdowns == 1  # NVML is shut down all the same
+    no_library = FakeNvml([], init_error=OSError("libnvidia-ml.so.1: cannot open"))
+    probe = probe_gpus(no_library)
+    assert probe.notes[0] == "NVML not available: OSError: libnvidia-ml.so.1: cannot open"
+
+
 @RunIf(min_cuda_gpus=1)
 def test_real_gpu_probe_matches_torch() -> None:
     import torch
