@@ -322,10 +322,7 @@ class BottleneckMonitor(Callback):
         """The report of what was measured so far (every window, the last diagnoses)."""
         sampler = self.sampler
         timeline = _sampler.build_series(list(sampler.readings)) if sampler else None
-        notes = [
-            f"sampler source {name!r} failed and was disabled"
-            for name in (sampler.failed if sampler else [])
-        ]
+        notes = list(sampler.failure_notes) if sampler else []
         notes += self.clock.missing_sources
         facts = self.clock.context.data_facts
         if facts is not None and facts.unmeasured:

@@ -307,6 +307,9 @@ class Sampler:
             maxlen=max_readings
         )
         self.failed: list[str] = []
+        """The name of each source that raised while sampling and was dropped."""
+        self.failure_notes: list[str] = []
+        """Each of those: when it failed, why, and that its readings stop (the report's notes)."""
         self.t0 = time.perf_counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -337,6 +340,12 @@ class Sampler:
                 )
                 self.sources.remove(source)
                 self.failed.append(source.name)
+                self.failure_notes.append(
+                    f"sampler source {source.name!r} failed after "
+                    f"{time.perf_counter() - self.t0:.1f} s of sampling "
+                    f"({type(err).__name__}: {err}) and was disabled: the diagnosis runs "
+                    "without its readings from then on"
+                )
         with self._lock:
             self.readings.append((time.perf_counter() - self.t0, reading))
 

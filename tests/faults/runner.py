@@ -5,7 +5,8 @@ forks one child per case: the child runs a whole fit with the callback at its de
 data-bound loader, so that the loop measures a baseline and tries workers), plants the case's
 fault, and records what the fault left behind: the exception that came out of ``fit`` (type
 and message), child processes still alive after a grace period, the process-wide settings the
-callback may change against their values before the fit, and the report folder's files. The
+callback may change against their values before the fit, and the report folder's files and
+notes. The NVML cases watch one fake GPU on this CPU fit (``_watch_a_fake_gpu``). The
 parent writes ``{case: record}`` to ``OUT.json``. A fork per case keeps the cases apart (a
 leaked worker or setting of one cannot hide in the next) without paying the imports per case.
 """
@@ -29,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_maxtp import MaxThroughputCallback
+from tests.helpers.fake_nvml import FakeGpu, FakeNvml, NVMLError
 
 STEP_WAIT_S = 0.003
 """Each sample's read waits this long: the loop's baseline is data-bound and workers pay."""
@@ -69,11 +71,69 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
+QUIET = ("should_stop", "report_unwritable", "disk_full", "nvml_start", "nvml_mid_fit")
+"""Cases whose fit ends normally: stopped soon after the loop's first verdict."""
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    def __str__(self) -> str:
+        return "Driver Not Loaded"
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    def __str__(self) -> str:
+        return "GPU is lost"
+
+
+class DriverGone(FakeNvml):
+    """One GPU whose utilization reads until ``gone`` is set, then raises as a lost GPU does."""
+
+    def __init__(self) -> None:
+        super().__init__([FakeGpu(util=40)])
+        self.gone = False
+        self.reads = 0
+        """Utilization readings that worked (the sampler's, before the driver went)."""
+        self.raised = False
+        """Whether a reading found the GPU lost (the fit ends only after one did)."""
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
+        if self.gone:
+            self.raised = True
+            raise NVMLError_GpuIsLost()
+        self.reads += 1
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def _watch_a_fake_gpu(nvml: FakeNvml) -> None:
+    """Start an NVML source on this CPU fit, as the clock does on CUDA, from a fake ``pynvml``.
+
+    The clock starts NVML only for a CUDA device, in ``StepClock.on_train_start``; here that
+    hook is followed by its CUDA branch's NVML start, on GPU 0 of ``nvml``, placed in
+    ``sys.modules`` as ``pynvml`` only then (the probe in ``setup`` still sees no GPU, so the
+    loop plans the same fit as the other cases).
+    """
+    from lightning_maxtp.callbacks.step_clock import StepClock
+    from lightning_maxtp.observe import sampler
+
+    start = StepClock.on_train_start
+
+    def on_train_start(self: StepClock, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        start(self, trainer, module)
+        sys.modules["pynvml"] = nvml  # type: ignore[assignment]
+        source = sampler.try_source(lambda: sampler.NvmlSource(0), "NVML", self.missing_sources)
+        if source is not None and self.sampler is not None:
+            self.sampler.sources.append(source)
+
+    StepClock.on_train_start = on_train_start  # type: ignore[method-assign,assignment]
+
+
 class Fault(pl.Callback):
     """Plants the case's fault once the loop is in its first trial; ends quiet cases after it."""
 
-    def __init__(self, case: str, maxtp: MaxThroughputCallback, flag: Path) -> None:
-        self.case, self.maxtp, self.flag = case, maxtp, flag
+    def __init__(
+        self, case: str, maxtp: MaxThroughputCallback, flag: Path, nvml: FakeNvml | None = None
+    ) -> None:
+        self.case, self.maxtp, self.flag, self.nvml = case, maxtp, flag, nvml
         self.planted_at: int | None = None
 
     def _in_trial(self) -> bool:
@@ -84,8 +144,12 @@ class Fault(pl.Callback):
         if self.planted_at is None and self._in_trial():
             self.planted_at = trainer.global_step
             self._plant(trainer, module)
-        elif self.maxtp.trials and self.case in ("should_stop", "report_unwritable", "disk_full"):
+        elif self.maxtp.trials and self.case in QUIET and self._struck():
             trainer.should_stop = True  # a normal end soon after the first verdict
+
+    def _struck(self) -> bool:
+        """Whether the planted fault has happened (a lost GPU: once the sampler read it)."""
+        return not isinstance(self.nvml, DriverGone) or self.nvml.raised
 
     def _plant(self, trainer: pl.Trainer, module: Any) -> None:
         if self.case == "dataset_trial":
@@ -100,6 +164,9 @@ class Fault(pl.Callback):
             workers = psutil.Process().children(recursive=True)
             assert workers, "a worker trial runs with workers"
             os.kill(workers[0].pid, signal.SIGKILL)
+        elif self.case == "nvml_mid_fit":
+            assert isinstance(self.nvml, DriverGone)
+            self.nvml.gone = True  # the sampler's next reading finds the GPU lost
 
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
         if self.case == "disk_full":  # the report is written after this hook: files stop at 1 KB
@@ -149,18 +216,20 @@ def _left_behind(before: set[int]) -> list[str]:
 
 
 def _report(folder: Path) -> dict[str, Any]:
-    """The report folder's files, and whether each JSON one parses."""
+    """The report folder's files, whether the JSON one parses, and the notes of both."""
     if not folder.is_dir():
         return {"exists": False, "files": [], "json_ok": None}
     files = sorted(p.name for p in folder.iterdir())
-    json_ok = None
+    json_ok, notes, md_notes = None, None, None
     if "report.json" in files:
         try:
-            json.loads((folder / "report.json").read_text())
+            notes = json.loads((folder / "report.json").read_text()).get("notes")
             json_ok = True
         except ValueError:
             json_ok = False
-    return {"exists": True, "files": files, "json_ok": json_ok}
+    if "report.md" in files:
+        md_notes = (folder / "report.md").read_text().partition("## Notes")[2]
+    return {"exists": True, "files": files, "json_ok": json_ok, "notes": notes, "md": md_notes}
 
 
 def run_case(case: str, tmp: Path) -> dict[str, Any]:
@@ -179,7 +248,14 @@ def run_case(case: str, tmp: Path) -> dict[str, Any]:
         maxtp = MaxThroughputCallback(
             report_dir=report_dir, verbose=False, cost_share=None, sampler_interval_s=None
         )
-    fault = Fault(case, maxtp, flag)
+    nvml: FakeNvml | None = None
+    if case == "nvml_start":
+        nvml = FakeNvml([FakeGpu()], init_error=NVMLError_DriverNotLoaded())
+    elif case == "nvml_mid_fit":
+        nvml = DriverGone()
+    if nvml is not None:
+        _watch_a_fake_gpu(nvml)
+    fault = Fault(case, maxtp, flag, nvml)
     trainer = pl.Trainer(
         accelerator="cpu", max_steps=600, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[fault, maxtp],
@@ -208,6 +284,7 @@ def run_case(case: str, tmp: Path) -> dict[str, Any]:
         "state_after": process_state(),
         "report": _report(report_dir),
         "trials": [t.verdict for t in maxtp.trials],
+        "nvml_reads": nvml.reads if isinstance(nvml, DriverGone) else None,
         "interrupted": trainer.interrupted,
         "warnings": [str(w.message) for w in warned if str(w.message).startswith("maxtp")],
     }

@@ -32,6 +32,9 @@ CASES = {
     "should_stop": (None, ""),
     "report_unwritable": (None, ""),
     "disk_full": (None, ""),
+    # NVML, on one fake GPU: failing at start, and the GPU lost at the first trial
+    "nvml_start": (None, ""),
+    "nvml_mid_fit": (None, ""),
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults")]
@@ -74,7 +77,8 @@ def test_a_fault_leaves_no_process_no_changed_setting_and_no_half_report(
 
 def test_each_fault_struck_where_it_was_planted(records: dict[str, Any]) -> None:
     """The cases test what they say: the fault came during a trial, the baseline or the
-    loader measured alone, and the quiet ones ended normally with a report or a warning."""
+    loader measured alone, and the quiet ones ended normally with a report or a warning; NVML
+    failing, at start or mid-fit, ended normally with a report whose notes say so."""
     trials = ("dataset_trial", "step_trial", "sigint", "worker_killed", "should_stop")
     for case in trials:
         assert records[case]["planted_at"] is not None, case
@@ -88,3 +92,19 @@ def test_each_fault_struck_where_it_was_planted(records: dict[str, Any]) -> None
         (warning,) = records[case]["warnings"]
         assert "the report files were not written" in warning and "report_dir=" in warning
     assert not records["report_unwritable"]["report"]["exists"]
+    # Our own failure never stops the fit, and the report says what went unmeasured and why.
+    start = (
+        "sampler source NVML could not start (NVMLError_DriverNotLoaded: Driver Not Loaded): "
+        "the diagnosis runs without its readings"
+    )
+    mid_fit = (
+        r"sampler source 'nvml' failed after \d+\.\d s of sampling \(NVMLError_GpuIsLost: "
+        r"GPU is lost\) and was disabled: the diagnosis runs without its readings from then on"
+    )
+    assert records["nvml_mid_fit"]["nvml_reads"] > 0, "NVML read the GPU before it was lost"
+    assert records["nvml_mid_fit"]["planted_at"] is not None
+    for case, note in (("nvml_start", re.escape(start)), ("nvml_mid_fit", mid_fit)):
+        report = records[case]["report"]
+        assert report["files"][:2] == ["report.json", "report.md"], case
+        assert [n for n in report["notes"] if re.fullmatch(note, n)], report["notes"]
+        assert re.search(f"^- {note}$", report["md"], re.MULTILINE), report["md"]
