@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from threadpoolctl import threadpool_info
+from torch.utils.data import DataLoader
 
+from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.knobs import THREADS, Knobs
-from lightning_maxtp.observe import BottleneckKind, Diagnosis, Recommendation
+from lightning_maxtp.callbacks.tuner import Tuner
+from lightning_maxtp.loader.switchable import SwitchableLoader
+from lightning_maxtp.observe import (
+    BottleneckKind,
+    Diagnosis,
+    JobContext,
+    Recommendation,
+    SamplerSeries,
+    Window,
+)
+from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.trials import next_change
 
 
@@ -65,26 +79,89 @@ def test_the_loop_offers_the_threads_knob_of_a_compute_bound_cpu_job() -> None:
     assert next_change(found, {**settings, THREADS: 1}, set()) is None  # already in force
 
 
-def test_a_remeasure_that_would_start_workers_past_the_budget_ends_the_trial_undecided() -> None:
-    from types import SimpleNamespace
-
-    from lightning_maxtp.callbacks.tuner import Tuner
-    from lightning_maxtp.tuning.cost import TuningCost
-    from lightning_maxtp.tuning.decisions import Remeasure
-    from lightning_maxtp.tuning.switches import Switches
-
-    # A 4 -> 0 worker trial looked like a gain; measuring the reference again restarts 4 workers.
-    notes: list[str] = []
-    tuner = Tuner.__new__(Tuner)
-    vars(tuner).update(
-        loop=SimpleNamespace(pending=({"num_workers": 4}, {"num_workers": 0}),
-                             trial_knob="num_workers", trial_expected_gain=None, ref=None,
-                             baseline=None, steps=0),
-        knobs=SimpleNamespace(context=lambda: {"num_workers": 0}),
-        switches=Switches(), note=notes.append, _cost=lambda: TuningCost(budget_s=0.1),
+def _window(step_ms: float, workers: int) -> Window:
+    """8 steps of 8 samples at ``step_ms``, none waiting on data."""
+    return Window(
+        step_time_s=(step_ms / 1e3,) * 8, data_wait_s=(0.0,) * 8, samples=(8,) * 8,
+        sampler=SamplerSeries(), context=JobContext(num_workers=workers),
     )  # fmt: skip
-    assert not tuner._remeasure_paid(Remeasure("old"))  # 0.3 s of starts, 0.1 s left
-    assert notes and "re-measuring num_workers=4 would start workers" in notes[0]
-    assert tuner._remeasure_paid(Remeasure("new"))  # to the main process: nothing starts
-    vars(tuner)["_cost"] = lambda: TuningCost(budget_s=1.0)
-    assert tuner._remeasure_paid(Remeasure("old"))
+
+
+def _fewer_workers_trial(settle_s: float) -> tuple[Tuner, SwitchableLoader]:
+    """A real ``Tuner`` through a 4 -> 0 worker trial that looks like a gain (+25 %).
+
+    Windows built by hand, the loader never iterated with workers. The fit is 4,000 steps of
+    1 ms, so ``cost_share=0.05`` gives a 0.2 s budget: the trial (at worst 0.13 s to start the
+    4 workers again on a revert) fits it. Its switch to the main process is charged what its
+    settle step took beyond the reference's 1 ms: ``settle_s``.
+    """
+    config = TuningConfig(
+        warmup_steps=1, window_steps=8, settle_steps=1, tune_loader=False, cost_share=0.05
+    )
+    monitor = BottleneckMonitor(window_steps=8, sampler_interval_s=None, verbose=False)
+    monitor.context = JobContext(device_type="cpu")
+    tuner = Tuner(config, monitor, None, verbosity="quiet")
+    loader = tuner.wrap(DataLoader(torch.arange(800), batch_size=8, num_workers=4))
+    assert isinstance(loader, SwitchableLoader)
+    trainer = SimpleNamespace(
+        is_global_zero=True, world_size=1, global_step=0, estimated_stepping_batches=4000,
+        accumulate_grad_batches=1, precision="32-true", lightning_module=torch.nn.Linear(2, 2),
+        optimizers=[], strategy=SimpleNamespace(root_device=torch.device("cpu")),
+    )  # fmt: skip
+    tuner.adopt(trainer)  # type: ignore[arg-type]
+
+    def step(seconds: float) -> None:  # a training step ends, as the monitor's clock logs it
+        monitor.clock.step_log.append((monitor.clock.elapsed_s(), seconds, 0.0))
+        tuner.on_step(trainer)  # type: ignore[arg-type]
+
+    step(1e-3)  # the warm-up: the baseline window starts
+    rec = Recommendation("num_workers", 4, 0, "4 workers take the step's cores", True)
+    found = (Diagnosis(BottleneckKind.COMPUTE, 0.8, "busy", recommendations=(rec,)),)
+    tuner.measured(trainer, _window(1.0, workers=4), found)  # type: ignore[arg-type]
+    assert tuner.loop.pending == ({"num_workers": 4}, {"num_workers": 0})
+    assert tuner.cost.budget_s == pytest.approx(0.2)
+    next(iter(loader))  # the switch happens at the next batch: in the main process, no worker
+    step(settle_s)  # its settle step
+    assert tuner.cost.switch_s == pytest.approx(settle_s - 1e-3)
+    tuner.measured(trainer, _window(0.8, workers=0), found)  # type: ignore[arg-type]
+    return tuner, loader
+
+
+# The loader is built with 4 workers on this 2-CPU machine (it never starts them): torch warns.
+_FOUR_WORKERS = pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+
+
+@_FOUR_WORKERS
+def test_a_remeasure_that_would_start_workers_past_the_budget_ends_the_trial_undecided() -> None:
+    # The switch cost 0.1 s of the 0.2 s budget: measuring the reference again would start the
+    # 4 workers (about 0.13 s) past what is left, so the trial ends undecided, the 4 kept.
+    tuner, loader = _fewer_workers_trial(settle_s=0.101)
+    (trial,) = tuner.trials
+    assert (trial.knob, trial.old, trial.new) == ("num_workers", 4, 0)
+    assert (trial.verdict, trial.kept, trial.windows) == ("undecided", False, 2)
+    assert trial.gain == pytest.approx(0.25)
+    # The original settings are back.
+    assert loader.settings() == {
+        "num_workers": 4, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False,
+    }  # fmt: skip
+    assert [c.reason.split(":")[0] for c in tuner.knob_changes] == ["trying", "undecided"]
+    assert tuner.knob_changes[-1].new == "num_workers=4"
+    assert any(
+        n.startswith("num_workers: re-measuring num_workers=4 would start workers (about 0.13 s)")
+        and n.endswith("past the budget left (0.10 s): undecided, the original kept")
+        for n in tuner.notes
+    ), tuner.notes
+    assert tuner.loop.finished  # nothing else to try
+    loader.shutdown()
+
+
+@_FOUR_WORKERS
+def test_a_remeasure_the_budget_pays_for_measures_the_reference_again() -> None:
+    # The same trial with a switch that cost nothing beyond its step: the 4 workers' start is
+    # paid, so the reference is measured again instead of a verdict.
+    tuner, loader = _fewer_workers_trial(settle_s=1e-3)
+    assert tuner.trials == [] and tuner.loop.trial_windows == 2
+    assert loader.settings()["num_workers"] == 4  # requested again, for the reference
+    assert tuner.knob_changes[-1].reason == "re-measuring the reference"
+    assert not any("re-measuring num_workers=4 would start workers" in n for n in tuner.notes)
+    loader.shutdown()

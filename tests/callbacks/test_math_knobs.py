@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
+from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
+from lightning_maxtp.callbacks.loader_trial import tried_knobs
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
+from lightning_maxtp.callbacks.tuner import Tuner
 from lightning_maxtp.knobs import NotOffered, Offer
+from lightning_maxtp.knobs.registry import knob_class
+from lightning_maxtp.observe import JobContext
+from lightning_maxtp.resources import inspect_resources
+from lightning_maxtp.tuning.config import TuningConfig
+from tests.helpers.fake_nvml import FakeGpu, FakeNvml
 from tests.helpers.models import ConvModel
 
 
@@ -78,6 +89,46 @@ def test_cuda_flags_are_not_offered_on_a_cpu_and_are_put_back_at_the_fit_end() -
     finally:
         torch.set_float32_matmul_precision(matmul)
         torch.backends.cudnn.benchmark = benchmark
+
+
+@pytest.fixture
+def cuda_flags_off() -> Iterator[None]:
+    """TF32 and cuDNN's benchmark off (torch's defaults) for the test, put back after it."""
+    matmul, benchmark = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.benchmark = False
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.benchmark = benchmark
+
+
+@pytest.mark.usefixtures("cuda_flags_off")
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_tf32_and_cudnn_benchmark_are_offered_for_a_cuda_device_and_not_for_a_cpu(
+    device: str,
+) -> None:
+    # The fit's root device is a CUDA one (a description: nothing runs on it here).
+    cuda, flags = device == "cuda", ("tf32", "cudnn_benchmark")
+    knobs, trainer = _knobs(device)
+    refused = NotOffered("CUDA only", quiet=True)
+    for name in flags:
+        expected = Offer(False, True, knob_class(name).reason) if cuda else refused
+        assert knobs.offer(name) == expected, name
+    # The loop's choice for a compute-bound window of that device: each flag in turn, or none.
+    monitor = BottleneckMonitor(window_steps=8, sampler_interval_s=None, verbose=False)
+    monitor.context = JobContext(device_type=device)
+    tuner = Tuner(TuningConfig(allow=flags), monitor, None, verbosity="quiet", allowed=flags)
+    tuner.adopt(trainer)  # type: ignore[arg-type]
+    offered = []
+    while (change := tuner.math_trials.change("compute", math.inf)) is not None:
+        assert change.settings == {change.knob: True}
+        offered.append(change.knob)
+        tuner.loop.tried.add((change.knob, "True"))  # as a trial of it would leave it
+    assert sorted(offered) == (sorted(flags) if cuda else []), offered
+    # And what the plan says the loop may try on a host with a GPU, or without one.
+    host = inspect_resources(nvml=FakeNvml([FakeGpu()] if cuda else []))
+    tried = tried_knobs(TuningConfig(allow=flags), host)
+    assert sorted(tried) == (sorted(flags) if cuda else []), tried
 
 
 def test_channels_last_converts_weights_and_batches_and_back() -> None:
