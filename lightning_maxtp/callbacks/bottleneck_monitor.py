@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["BottleneckMonitor"]
 
 log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 1.0
+"""Least time between two writes of the live status ``maxtp triage --pid`` reads."""
 
 
 class BottleneckMonitor(Callback):
@@ -104,6 +108,8 @@ class BottleneckMonitor(Callback):
         self.diagnoses: list[tuple[Diagnosis, ...]] = []
         self.captures: list[CaptureSummary] = []
         self._capture: KernelCapture | None = None
+        self._published_at: float | None = None
+        """When the live status was last written (``time.monotonic()``)."""
         self._syncs = SyncCounter()
         self._capture_armed = False
         self._report: ThroughputReport | None = None
@@ -180,7 +186,16 @@ class BottleneckMonitor(Callback):
         return found
 
     def _publish(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
-        """This process's live status for ``maxtp triage --pid`` (see ``observe.status``)."""
+        """This process's live status for ``maxtp triage --pid`` (see ``observe.status``).
+
+        At most once every ``STATUS_EVERY_S``: the write (a folder check, a file, a rename)
+        costs a few hundred microseconds on the training thread, and with millisecond steps
+        windows close many times a second, more often than anyone reads a status.
+        """
+        now = time.monotonic()
+        if self._published_at is not None and now - self._published_at < STATUS_EVERY_S:
+            return
+        self._published_at = now
         ctx = window.context
         settings = {k: getattr(ctx, k, None) for k in LOADER_KNOBS} if ctx is not None else {}
         top = found[0] if found else None
@@ -214,6 +229,7 @@ class BottleneckMonitor(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit_first_window = self.clock.closed
+        self._published_at = None  # a new fit's first window is published at once
         self.clock.on_train_start(trainer, pl_module)
 
     @override

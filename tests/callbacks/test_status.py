@@ -7,10 +7,11 @@ import os
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_maxtp.callbacks import BottleneckMonitor
+from lightning_maxtp.callbacks import BottleneckMonitor, bottleneck_monitor
 from lightning_maxtp.observe.status import read_status, status_path
 from tests.helpers.models import IdModel
 
@@ -27,17 +28,23 @@ class Peek(pl.Callback):
             self.seen.append(status)
 
 
-def test_status_is_published_each_window_and_removed_at_the_end() -> None:
+def _fit(monitor: BottleneckMonitor, peek: Peek) -> None:
     data = TensorDataset(torch.randn(160, 16), torch.arange(160))
-    monitor, peek = (
-        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
-        Peek(),
-    )
     pl.Trainer(
         accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor, peek],
     ).fit(IdModel(), DataLoader(data, batch_size=8))  # fmt: skip
 
+
+def test_status_is_published_each_window_and_removed_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bottleneck_monitor, "STATUS_EVERY_S", 0.0)
+    monitor, peek = (
+        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
+        Peek(),
+    )
+    _fit(monitor, peek)
     firsts = sorted({s["first_step"] for s in peek.seen})
     assert len(firsts) >= 3, firsts  # one status per window, updated as each closes
     last = peek.seen[-1]
@@ -45,4 +52,21 @@ def test_status_is_published_each_window_and_removed_at_the_end() -> None:
     assert last["bottleneck"] == monitor.diagnoses[-1][0].kind.value
     assert last["settings"]["num_workers"] == 0
     json.dumps(last, allow_nan=False)
+    assert not status_path(os.getpid()).exists()
+
+
+def test_windows_closing_faster_than_the_interval_publish_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Windows of millisecond steps close many times a second (an hour here, so that a loaded
+    # machine's slow steps cannot pass for the interval): the first window's status is
+    # written, each later one would cost the training thread a file write.
+    monkeypatch.setattr(bottleneck_monitor, "STATUS_EVERY_S", 3600.0)
+    monitor, peek = (
+        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
+        Peek(),
+    )
+    _fit(monitor, peek)
+    assert len(monitor.windows) >= 3 and peek.seen
+    assert {s["first_step"] for s in peek.seen} == {monitor.windows[0].first_step}
     assert not status_path(os.getpid()).exists()
