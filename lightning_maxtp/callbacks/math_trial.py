@@ -100,8 +100,8 @@ class MathTrials:
         ]
         if missing and self.config.allow != "all":
             self.log.note(
-                f"not allowed: {', '.join(missing)} (the {kind} bottleneck points to them; "
-                "allow='all' tries each behind a numerics guard)"
+                f"not allowed: {', '.join(missing)} (the {kind} bottleneck seen while tuning "
+                "points to them; allow='all' tries each behind a numerics guard)"
             )
         for knob in math_knobs_for(kind, allowed):
             spec = knob_class(knob)
