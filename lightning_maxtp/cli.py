@@ -299,7 +299,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("target", metavar="TARGET", help="FILE.py:FUNCTION or module:FUNCTION")
     bench.add_argument("--steps", type=_positive_int, default=100, help="timed steps per fit (100)")
     bench.add_argument("--warmup", type=_positive_int, default=10, help="untimed steps first (10)")
-    bench.add_argument("--rounds", type=_positive_int, default=3, help="runs of each config (3)")
+    bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=None,
+        help="runs of each config (3; 20 pairs with --against, at least 5)",
+    )
     bench.add_argument(
         "--configs",
         default="defaults,maxtp",
@@ -313,6 +318,21 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--json", type=Path, default=None, help="write the result (a baseline)")
     bench.add_argument("--markdown", type=Path, default=None, help="write a Markdown report")
     bench.add_argument("--baseline", type=Path, default=None, help="a result to gate against")
+    bench.add_argument(
+        "--against",
+        metavar="TARGET",
+        default=None,
+        help="the job to hold TARGET to, timed in the same bench round by round (e.g. the same "
+        "file in a checkout of main); the paired gate then needs no stored baseline",
+    )
+    bench.add_argument(
+        "--against-path",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="put DIR first on sys.path in --against's runs only (that checkout's package); "
+        "repeatable",
+    )
     bench.add_argument(
         "--max-regression", type=_share, default=0.10, help="tolerated fall (default: 0.10)"
     )

@@ -10,7 +10,9 @@ for ``maxtp`` what the callback changed. A failure is written there too, as its 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +53,8 @@ def _timer(warmup: int, steps: int) -> Any:
             self.batches = self.samples = self.total_samples = 0
             self.start: float | None = None
             self.stop: float | None = None
+            self.ends: list[float] = []
+            """Each timed step's end on the host clock (no device sync: it would pace the job)."""
 
         def _now(self, trainer: pl.Trainer) -> float:
             device = trainer.strategy.root_device
@@ -83,6 +87,15 @@ def _timer(warmup: int, steps: int) -> Any:
                 self.samples += samples
                 if self.batches == warmup + steps:
                     self.stop = self._now(trainer)
+                    self.ends.append(self.stop)
+                else:
+                    self.ends.append(time.perf_counter())
+
+        def median_step_s(self) -> float:
+            """The median of the timed steps' durations: a burst of other load moves it little."""
+            assert self.start is not None and self.ends, "only after the timed steps"
+            times = [self.start, *self.ends]
+            return statistics.median(b - a for a, b in itertools.pairwise(times))
 
     return SteadyTimer()
 
@@ -129,7 +142,14 @@ def _tuning(callbacks: list[Any]) -> dict[str, Any] | None:
 
 
 def fit_once(
-    job: BenchJob, config: str, *, steps: int, warmup: int, accelerator: str | None, root_dir: str
+    job: BenchJob,
+    config: str,
+    *,
+    steps: int,
+    warmup: int,
+    accelerator: str | None,
+    root_dir: str,
+    reference: bool = True,
 ) -> dict[str, Any]:
     """Time the reference workload, ``warmup + steps`` training batches of ``job``, the reference.
 
@@ -141,6 +161,8 @@ def fit_once(
         warmup: Untimed batches first.
         accelerator: Overrides the job's ``accelerator`` unless ``None``.
         root_dir: The Trainer's ``default_root_dir`` (a temporary folder).
+        reference: Time the reference workload before and after the fit (a paired bench,
+            whose other side is its reference, does not).
 
     Returns:
         The run's record (JSON-safe).
@@ -193,7 +215,7 @@ def fit_once(
             "times one device: drop 'devices' from trainer_kwargs or set it to 1"
         )
     device = trainer.strategy.root_device
-    before = reference_rate(device)
+    before = reference_rate(device) if reference else None
     start = time.perf_counter()
     if job.datamodule is not None:
         trainer.fit(job.model, datamodule=job.datamodule)
@@ -201,21 +223,24 @@ def fit_once(
         trainer.fit(job.model, train_dataloaders=job.train_dataloaders)
     fit_s = time.perf_counter() - start
     # Timed on both sides of the fit, so the reference brackets the minutes the job ran in.
-    after = reference_rate(device)
+    after = reference_rate(device) if reference else None
     if timer.start is None or timer.stop is None:
         raise RuntimeError(
             f"the fit ended after {timer.batches} of {warmup + steps} steps (--warmup {warmup} "
             f"+ --steps {steps}); does the job stop itself early?"
         )
     steady_s = timer.stop - timer.start
+    median_s = timer.median_step_s()
     return {
         "config": config,
         "device": str(device),
-        "reference_samples_per_s": (before + after) / 2,
+        "reference_samples_per_s": _mean(before, after),
         "reference_before_after": [before, after],
         "steady_samples": timer.samples,
         "steady_seconds": steady_s,
         "steady_samples_per_s": timer.samples / steady_s,
+        "median_step_seconds": median_s,
+        "step_samples_per_s": timer.samples / steps / median_s,
         "fit_samples": timer.total_samples,
         "fit_seconds": fit_s,
         "fit_samples_per_s": timer.total_samples / fit_s,
@@ -225,6 +250,10 @@ def fit_once(
         "dropped_callbacks": dropped,
         "tuning": _tuning(callbacks),
     }
+
+
+def _mean(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else (before + after) / 2
 
 
 def _versions() -> dict[str, str]:
@@ -262,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accelerator", default=None)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--probe", action="store_true", help="add the machine's description")
+    parser.add_argument("--sys-path", action="append", default=[], help="put first on sys.path")
+    parser.add_argument("--no-reference", action="store_true", help="time no reference workload")
     args = parser.parse_args(argv)
     record: dict[str, Any]
     code = 0
@@ -274,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", module="lightning.*")
         pl.seed_everything(0, verbose=False)
+        # The against side's checkout first, so its `import mypkg` finds that copy.
+        sys.path[:0] = args.sys_path
         job = load_job(parse_target(args.target), args.config)
         with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as root:
             record = fit_once(
@@ -283,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 accelerator=args.accelerator,
                 root_dir=root,
+                reference=not args.no_reference,
             )
         record["versions"] = _versions()
         if args.probe:  # here, not in the parent: a probe without NVML may fall back to torch

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_maxtp.bench.format import format_markdown, format_text
-from lightning_maxtp.bench.gate import GateResult, compare
+from lightning_maxtp.bench.gate import PAIRED, PAIRED_ROUNDS, GateResult, compare
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
-from lightning_maxtp.bench.run import BenchRunError, run_bench
+from lightning_maxtp.bench.run import BenchRunError, run_against, run_bench
 from lightning_maxtp.bench.target import BenchTargetError, parse_target
 
 __all__ = ["cmd_bench"]
@@ -59,11 +59,17 @@ def _check_outputs(*paths: Path | None) -> None:
 
 
 def _write(
-    result: BenchResult, gate: GateResult | None, json_out: Path | None, markdown_out: Path | None
+    result: BenchResult,
+    gate: GateResult | None,
+    json_out: Path | None,
+    markdown_out: Path | None,
+    against: BenchResult | None = None,
 ) -> None:
     record: dict[str, Any] = result.to_dict()
     if gate is not None:
         record["gate"] = gate.to_dict()
+    if against is not None:
+        record["against"] = against.to_dict()
     for path, text in (
         (json_out, json.dumps(record, indent=1) + "\n"),
         (markdown_out, format_markdown(result, gate)),
@@ -71,6 +77,59 @@ def _write(
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+
+
+def _check_against(args: argparse.Namespace) -> None:
+    if args.baseline is not None:
+        raise ValueError(
+            f"--against {args.against} and --baseline {args.baseline}: give one; --against "
+            "times the code to hold the job to in this run, --baseline reads an earlier run"
+        )
+    if args.gate != "ratio":
+        raise ValueError(
+            f"--gate {args.gate} is for --baseline; --against always uses the paired gate"
+        )
+    parse_target(args.against)
+
+
+def _measure(
+    args: argparse.Namespace, configs: tuple[str, ...]
+) -> tuple[BenchResult, BenchResult | None, BenchResult | None]:
+    """This run, the --against side it was paired with, and the --baseline read (each or None)."""
+    against: BenchResult | None = None
+    baseline = None
+    if args.against is not None:
+        _check_against(args)
+        against, result = run_against(
+            args.target,
+            args.against,
+            against_path=args.against_path,
+            configs=configs,
+            steps=args.steps,
+            warmup=args.warmup,
+            rounds=args.rounds or PAIRED_ROUNDS,
+            accelerator=args.accelerator,
+            timeout_s=args.timeout,
+            quiet=args.quiet,
+            verbose=args.verbose,
+        )
+    else:
+        if args.against_path:
+            raise ValueError("--against-path needs --against TARGET (the job it imports for)")
+        if args.baseline is not None:
+            baseline = _read_baseline(args.baseline, args.steps, args.warmup)
+        result = run_bench(
+            args.target,
+            configs=configs,
+            steps=args.steps,
+            warmup=args.warmup,
+            rounds=args.rounds or 3,
+            accelerator=args.accelerator,
+            timeout_s=args.timeout,
+            quiet=args.quiet,
+            verbose=args.verbose,
+        )
+    return result, against, baseline
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -87,20 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         parse_target(args.target)
         _check_outputs(args.json, args.markdown)
-        baseline = None
-        if args.baseline is not None:
-            baseline = _read_baseline(args.baseline, args.steps, args.warmup)
-        result = run_bench(
-            args.target,
-            configs=configs,
-            steps=args.steps,
-            warmup=args.warmup,
-            rounds=args.rounds,
-            accelerator=args.accelerator,
-            timeout_s=args.timeout,
-            quiet=args.quiet,
-            verbose=args.verbose,
-        )
+        result, against, baseline = _measure(args, configs)
     except KeyboardInterrupt:
         print("maxtp bench: interrupted; nothing written", file=sys.stderr)
         return 130
@@ -111,13 +157,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as err:
         return _error(str(err))
     gate, problem = None, None
-    if baseline is not None:
+    if against is not None:
+        gate = compare(result, against, args.max_regression, PAIRED, f"--against {args.against}")
+    elif baseline is not None:
         try:
             gate = compare(result, baseline, args.max_regression, args.gate, f"{args.baseline}")
         except ValueError as err:  # measured, but not comparable: keep what was measured
             problem = str(err)
     try:
-        _write(result, gate, args.json, args.markdown)
+        _write(result, gate, args.json, args.markdown, against)
     except OSError as err:
         return _error(f"cannot write the result: {err}")
     print(format_text(result, gate), flush=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lightning_maxtp.bench.gate import Check, GateResult
+from lightning_maxtp.bench.gate import PAIRED, Check, GateResult
 from lightning_maxtp.bench.result import BenchResult
 
 __all__ = ["format_markdown", "format_text"]
@@ -67,7 +67,7 @@ def _rows(result: BenchResult, gate: GateResult | None) -> list[tuple[str, ...]]
                 f"{s['steady'].median:,.1f}",
                 f"{s['steady'].spread:.1%}",
                 f"{s['fit_seconds'].median:.1f} s",
-                f"{s[key].median:.4f}",
+                f"{s[key].median:.4f}" if key in s else "-",
                 f"{vs_first:.2f}x",
                 _changes(config, gate),
             )
@@ -85,6 +85,11 @@ def _header(result: BenchResult) -> str:
 
 
 def _reference(result: BenchResult) -> str:
+    if result.params.get("paired"):
+        return (
+            f"paired with {result.params.get('against')!r}: both ran in every round, the order "
+            "flipping each round; no reference workload (the other side is the reference)"
+        )
     ref = [float(r["reference_samples_per_s"]) for r in result.runs]
     return (
         f"reference workload ({result.params.get('reference')}): {statistics.median(ref):,.0f}"
@@ -136,11 +141,16 @@ def format_markdown(result: BenchResult, gate: GateResult | None = None) -> str:
         lines += ["", "<details><summary>what MaxThroughputCallback kept</summary>", ""]
         lines += [f"- {t}" for t in tuning] + ["", "</details>"]
     if gate is not None:
+        rule = (
+            "the median of the rounds' ratios falls more than "
+            f"{gate.max_regression:.0%} and more of its rounds are slower than chance gives 1 "
+            "time in 20 (a sign test)"
+            if gate.gate == PAIRED
+            else f"median falls more than {gate.max_regression:.0%} and beyond the rounds' spread"
+        )
         lines += [
             "",
-            f"Gate `{gate.gate}` against `{gate.baseline}`: a metric fails when its "
-            f"median falls more than {gate.max_regression:.0%} and beyond the rounds' "
-            "spread.",
+            f"Gate `{gate.gate}` against `{gate.baseline}`: a metric fails when its {rule}.",
         ]
         lines += [f"- **REGRESSION** {c}" for c in gate.regressions]
         lines += [f"- note: {n}" for n in gate.notes]

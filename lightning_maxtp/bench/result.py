@@ -44,16 +44,23 @@ class Spread:
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], config: str) -> dict[str, Spread]:
-    """Per metric, raw (``steady``, ``fit``) and per reference (``steady_per_reference``, ...)."""
+    """Per metric, raw (``steady``, ``fit``) and per reference (``steady_per_reference``, ...).
+
+    A paired bench's runs time no reference workload: they have the raw metrics only.
+    """
     mine = [r for r in runs if r["config"] == config]
     out: dict[str, Spread] = {}
+    timed = all(r.get("reference_samples_per_s") is not None for r in mine)
+    ref = [float(r["reference_samples_per_s"]) for r in mine] if timed else []
     for metric in METRICS:
         raw = [float(r[f"{metric}_samples_per_s"]) for r in mine]
-        ref = [float(r["reference_samples_per_s"]) for r in mine]
         out[metric] = Spread.of(raw)
-        out[f"{metric}_per_reference"] = Spread.of([v / x for v, x in zip(raw, ref, strict=True)])
+        if timed:
+            per = [v / x for v, x in zip(raw, ref, strict=True)]
+            out[f"{metric}_per_reference"] = Spread.of(per)
     out["fit_seconds"] = Spread.of([float(r["fit_seconds"]) for r in mine])
-    out["reference"] = Spread.of([float(r["reference_samples_per_s"]) for r in mine])
+    if timed:
+        out["reference"] = Spread.of(ref)
     return out
 
 
@@ -64,7 +71,9 @@ class BenchResult:
     Attributes:
         target: The ``FILE:FUNCTION`` timed.
         configs: Configuration names, in the order each round ran them.
-        params: ``steps``, ``warmup``, ``rounds``, ``accelerator`` and the reference's name.
+        params: ``steps``, ``warmup``, ``rounds``, ``accelerator`` and the reference's name
+            (``None`` for one side of a paired bench, with ``paired`` true and ``against``
+            naming the other side's target on the run's side).
         runs: One record per child process, in run order (``round`` and ``config`` in each).
         machine: The probe's description of the machine (``Resources.to_dict()``).
         versions: Python, torch, lightning and lightning_maxtp, as the children saw them.
@@ -131,7 +140,8 @@ class BenchResult:
                 load_avg=dict(data.get("load_avg") or {}),
             )
             empty = [c for c in result.configs if not any(r["config"] == c for r in result.runs)]
-            zero = any(float(r["reference_samples_per_s"]) <= 0 for r in result.runs)
+            paired = result.params.get("reference") is None
+            zero = not paired and any(float(r["reference_samples_per_s"]) <= 0 for r in result.runs)
             for config in result.configs:
                 if config not in empty and not zero:
                     result.summary(config)

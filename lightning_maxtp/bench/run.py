@@ -1,4 +1,4 @@
-"""``run_bench``: every configuration of a job in fresh processes, rounds alternating.
+"""``run_bench`` and ``run_against``: a job's configurations in fresh processes, rounds alternating.
 
 Round r runs every configuration once, in the given order (A, B, A, B, ...), so a machine that
 drifts over minutes drifts for all of them alike. Each run is a fresh process running
@@ -6,6 +6,12 @@ drifts over minutes drifts for all of them alike. Each run is a fresh process ru
 can, it is forked from one server that imported torch and Lightning once
 (``lightning_maxtp.bench.forkserver``); otherwise it is a new interpreter. This module starts
 processes only; it imports neither torch nor lightning.
+
+``run_against`` times a second job (the code to hold the first to) in the same rounds, the two
+runs of a round back to back.
+
+Long because both share one rounds loop, one child runner and one fork server, which would
+otherwise cross modules as private names.
 """
 
 from __future__ import annotations
@@ -19,17 +25,19 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from lightning_maxtp._checks import COUNT, SECONDS, refuse_bool
 from lightning_maxtp.bench.forkserver import ForkServer, fork_allowed
+from lightning_maxtp.bench.gate import MIN_PAIRED_ROUNDS, PAIRED_ROUNDS
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import BenchResult
 from lightning_maxtp.bench.target import BenchTargetError, check_function, parse_target
 
-__all__ = ["BenchRunError", "run_bench"]
+__all__ = ["BenchRunError", "run_against", "run_bench"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +196,137 @@ def _server(env: dict[str, str], verbose: bool, tmp: Path) -> ForkServer | None:
     return server
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One job a bench times: its target text and what its children put first on ``sys.path``."""
+
+    text: str
+    sys_path: tuple[str, ...] = ()
+
+
+def _run_rounds(
+    sides: Sequence[_Side],
+    configs: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    accelerator: str | None,
+    timeout_s: float,
+    child_env: dict[str, str],
+    reference: bool,
+    progress: TextIO | None,
+    verbose: bool,
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+    """Every side's runs (one list per side, in run order) and the machine the first probed.
+
+    Round r runs each configuration of each side once. With two sides the order flips every
+    round (A B, B A, A B, ...), so neither side always runs first after the other warmed the
+    machine's caches or caught its slow minute.
+    """
+    runs: list[list[dict[str, Any]]] = [[] for _ in sides]
+    machine: dict[str, Any] = {}
+    labels = [
+        "" if len(sides) == 1 else f"{'target' if i == 0 else 'against'} "
+        for i in range(len(sides))
+    ]
+    with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as tmp:
+        server = _server(child_env, verbose, Path(tmp))
+        with server if server is not None else contextlib.nullcontext():
+            for r in range(1, rounds + 1):
+                order = list(range(len(sides)))
+                if r % 2 == 0:
+                    order.reverse()
+                for config in configs:
+                    for i in order:
+                        side = sides[i]
+                        out = Path(tmp) / f"r{r}-s{i}-{config}.json"
+                        argv = [
+                            "--target",
+                            side.text,
+                            "--config",
+                            config,
+                            "--steps",
+                            str(steps),
+                            "--warmup",
+                            str(warmup),
+                            "--out",
+                            str(out),
+                        ]
+                        for path in side.sys_path:
+                            argv += ["--sys-path", path]
+                        if accelerator is not None:
+                            argv += ["--accelerator", accelerator]
+                        if not reference:
+                            argv.append("--no-reference")
+                        if not any(runs):
+                            argv.append("--probe")
+                        what = f"{side.text} (config {config}, round {r})"
+                        record = _run_child(
+                            argv,
+                            out,
+                            child_env,
+                            server,
+                            timeout_s=timeout_s,
+                            verbose=verbose,
+                            what=what,
+                        )
+                        record["round"] = r
+                        machine = record.pop("machine", machine)
+                        runs[i].append(record)
+                        if progress is not None:
+                            ref = record["reference_samples_per_s"]
+                            print(
+                                f"maxtp bench: round {r}/{rounds} {labels[i]}{config}: "
+                                f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
+                                f"{record['fit_seconds']:.1f} s"
+                                + ("" if ref is None else f", reference {ref:.0f}/s"),
+                                file=progress,
+                                flush=True,
+                            )
+    return runs, machine
+
+
+def _start(
+    target: str | Callable[..., Any],
+    *,
+    configs: Sequence[str],
+    steps: int,
+    warmup: int,
+    rounds: int,
+    timeout_s: float,
+) -> str:
+    text = _target_text(target)
+    _check(configs, steps, warmup, rounds)
+    check_function(parse_target(text), tuple(configs))
+    refuse_bool("timeout_s", timeout_s, SECONDS, 1800)
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    return text
+
+
+def _result(
+    text: str,
+    *,
+    configs: tuple[str, ...],
+    runs: list[dict[str, Any]],
+    machine: dict[str, Any],
+    params: dict[str, Any],
+    load_before: list[float] | None,
+) -> BenchResult:
+    return BenchResult(
+        target=text,
+        configs=configs,
+        params={**params, "device": runs[-1]["device"]},
+        runs=tuple(runs),
+        machine=machine,
+        versions=dict(runs[-1].get("versions") or {}),
+        git=_git(),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        load_avg={"before": load_before, "after": _load_avg()},
+    )
+
+
 def run_bench(
     target: str | Callable[..., Any],
     *,
@@ -227,79 +366,144 @@ def run_bench(
         BenchTargetError: A target that cannot be found, built or called (a ``ValueError``).
         BenchRunError: A fit that failed, crashed or timed out.
     """
-    text = _target_text(target)
     configs = tuple(configs)
-    _check(configs, steps, warmup, rounds)
-    check_function(parse_target(text), configs)
-    refuse_bool("timeout_s", timeout_s, SECONDS, 1800)
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    if progress is None and not quiet:
-        progress = sys.stderr
-    child_env = _child_env(env, with_sys_path=not isinstance(target, str))
+    text = _start(
+        target, configs=configs, steps=steps, warmup=warmup, rounds=rounds, timeout_s=timeout_s
+    )
     load_before = _load_avg()
-    runs: list[dict[str, Any]] = []
-    machine: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="maxtp-bench-") as tmp:
-        server = _server(child_env, verbose, Path(tmp))
-        with server if server is not None else contextlib.nullcontext():
-            for r in range(1, rounds + 1):
-                for config in configs:
-                    out = Path(tmp) / f"r{r}-{config}.json"
-                    argv = [
-                        "--target",
-                        text,
-                        "--config",
-                        config,
-                        "--steps",
-                        str(steps),
-                        "--warmup",
-                        str(warmup),
-                        "--out",
-                        str(out),
-                    ]
-                    if accelerator is not None:
-                        argv += ["--accelerator", accelerator]
-                    if not runs:
-                        argv.append("--probe")
-                    what = f"{text} (config {config}, round {r})"
-                    record = _run_child(
-                        argv,
-                        out,
-                        child_env,
-                        server,
-                        timeout_s=timeout_s,
-                        verbose=verbose,
-                        what=what,
-                    )
-                    record["round"] = r
-                    machine = record.pop("machine", machine)
-                    runs.append(record)
-                    if progress is not None and not quiet:
-                        print(
-                            f"maxtp bench: round {r}/{rounds} {config}: "
-                            f"{record['steady_samples_per_s']:.1f} samples/s steady, fit "
-                            f"{record['fit_seconds']:.1f} s, reference "
-                            f"{record['reference_samples_per_s']:.0f}/s",
-                            file=progress,
-                            flush=True,
-                        )
-    versions = dict(runs[-1].get("versions") or {})
-    return BenchResult(
-        target=text,
-        configs=configs,
-        params={
-            "steps": steps,
-            "warmup": warmup,
-            "rounds": rounds,
-            "accelerator": accelerator or "auto",
-            "reference": REFERENCE,
-            "device": runs[-1]["device"],
-        },
-        runs=tuple(runs),
-        machine=machine,
-        versions=versions,
-        git=_git(),
-        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        load_avg={"before": load_before, "after": _load_avg()},
+    (runs,), machine = _run_rounds(
+        [_Side(text)],
+        configs,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        accelerator=accelerator,
+        timeout_s=timeout_s,
+        child_env=_child_env(env, with_sys_path=not isinstance(target, str)),
+        reference=True,
+        progress=None if quiet else (progress or sys.stderr),
+        verbose=verbose,
+    )
+    params = {
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+        "accelerator": accelerator or "auto",
+        "reference": REFERENCE,
+    }
+    return _result(
+        text, configs=configs, runs=runs, machine=machine, params=params, load_before=load_before
+    )
+
+
+def run_against(
+    target: str | Callable[..., Any],
+    against: str,
+    *,
+    against_path: Sequence[str | Path] = (),
+    configs: Sequence[str] = ("defaults",),
+    steps: int = 100,
+    warmup: int = 10,
+    rounds: int = PAIRED_ROUNDS,
+    accelerator: str | None = None,
+    timeout_s: float = 1800.0,
+    env: Mapping[str, str] | None = None,
+    progress: TextIO | None = None,
+    quiet: bool = False,
+    verbose: bool = False,
+) -> tuple[BenchResult, BenchResult]:
+    """Time ``target`` and ``against`` (the code to hold it to) in one bench, rounds paired.
+
+    Each round runs both jobs back to back, the order flipping every round, so the two runs
+    of a round share the machine's state of that minute; ``compare(..., gate="paired")`` then
+    judges the per-round ratios instead of two sets of runs minutes or days apart. No reference
+    workload is timed: the other side is the reference.
+
+    Args:
+        target: The job as it is now (``"FILE.py:FUNCTION"``, ``"module:FUNCTION"`` or such a
+            function).
+        against: The job to hold it to, e.g. the same file in a checkout of the main branch
+            (``"../base/train_job.py:job"``).
+        against_path: Folders put first on ``sys.path`` in ``against``'s runs only, so that its
+            ``import mypkg`` finds that checkout's package (e.g. ``["../base/src"]``).
+        configs: As for ``run_bench``; each round runs every configuration on both sides.
+        steps: Timed training steps per fit, after ``warmup``.
+        warmup: Untimed steps first.
+        rounds: Pairs of runs per configuration (the gate needs at least 5; see
+            ``PAIRED_ROUNDS`` for why 20).
+        accelerator: The Trainer's ``accelerator``; ``None`` keeps each job's.
+        timeout_s: Longest one fit may take.
+        env: Environment of the children (default: this process's).
+        progress: Where a line per run goes (default: ``sys.stderr``).
+        quiet: No line per run.
+        verbose: Let the children's own output through, to stderr.
+
+    Returns:
+        ``(against's result, target's result)``: a baseline and a run, in the order
+        ``compare`` takes them reversed.
+
+    Raises:
+        ValueError: Bad arguments (``against_path`` that is not a folder, fewer than 5 rounds).
+        BenchTargetError: A target that cannot be found, built or called.
+        BenchRunError: A fit that failed, crashed or timed out.
+    """
+    configs = tuple(configs)
+    text = _start(
+        target, configs=configs, steps=steps, warmup=warmup, rounds=rounds, timeout_s=timeout_s
+    )
+    base = _start(
+        against, configs=configs, steps=steps, warmup=warmup, rounds=rounds, timeout_s=timeout_s
+    )
+    if rounds < MIN_PAIRED_ROUNDS:
+        raise ValueError(
+            f"rounds (--rounds) must be >= {MIN_PAIRED_ROUNDS} with against (--against), got "
+            f"{rounds}: the paired gate needs that many pairs to tell a slowdown from noise"
+        )
+    paths = []
+    for folder in against_path:
+        if not Path(folder).is_dir():
+            raise ValueError(
+                f"against_path (--against-path) {str(folder)!r} is not a folder; give the "
+                "checkout (or its src/ folder) whose package the against job imports"
+            )
+        paths.append(str(Path(folder).resolve()))
+    load_before = _load_avg()
+    (mine, theirs), machine = _run_rounds(
+        [_Side(text), _Side(base, tuple(paths))],
+        configs,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        accelerator=accelerator,
+        timeout_s=timeout_s,
+        child_env=_child_env(env, with_sys_path=not isinstance(target, str)),
+        reference=False,
+        progress=None if quiet else (progress or sys.stderr),
+        verbose=verbose,
+    )
+    params = {
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+        "accelerator": accelerator or "auto",
+        "reference": None,
+        "paired": True,
+    }
+    return (
+        _result(
+            base,
+            configs=configs,
+            runs=theirs,
+            machine=machine,
+            params={**params, "against_path": paths},
+            load_before=load_before,
+        ),
+        _result(
+            text,
+            configs=configs,
+            runs=mine,
+            machine=machine,
+            params={**params, "against": base},
+            load_before=load_before,
+        ),
     )

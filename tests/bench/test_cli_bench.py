@@ -66,6 +66,38 @@ def test_a_planted_slowdown_fails_the_gate_and_the_unchanged_job_passes(tmp_path
 
 
 @pytest.mark.slow
+def test_against_times_both_jobs_round_by_round_and_the_paired_gate_fails_a_slower_one(
+    tmp_path: Path,
+) -> None:
+    # The code to hold the job to lives in another folder, as a checkout of main would, and is
+    # imported by module name through --against-path only.
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "basejobs.py").write_text("from tests.helpers.bench_jobs import job  # noqa: F401\n")
+    out, md = tmp_path / "paired.json", tmp_path / "paired.md"
+    done = bench(f"{JOBS}:job_far_slower", "--against", "basejobs:job", "--against-path",
+                 str(base), "--configs", "defaults", "--rounds", "5", "--steps", "60",
+                 "--warmup", "5", "--max-regression", "0.2", "--json", str(out),
+                 "--markdown", str(md))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    record = json.loads(out.read_text())
+    against = record["against"]
+    assert against["target"] == "basejobs:job" and record["params"]["against"] == "basejobs:job"
+    assert against["params"]["against_path"] == [str(base.resolve())]
+    # Three rounds of both, no reference workload timed, each round one pair.
+    assert (
+        [r["round"] for r in record["runs"]] == [r["round"] for r in against["runs"]] == [1, 2, 3]
+    )
+    assert all(r["reference_samples_per_s"] is None for r in record["runs"] + against["runs"])
+    gate = record["gate"]
+    assert gate["gate"] == "paired" and not gate["passed"]
+    steady = next(c for c in gate["checks"] if c["metric"] == "steady")
+    assert len(steady["pairs"]) == 5 and steady["regressed"] and steady["change"] < -0.2
+    assert "(paired, limit -20%, most rounds slower): FAILED" in done.stdout
+    assert "(a sign test)" in md.read_text()
+
+
+@pytest.mark.slow
 def test_named_configs_and_maxtp_run_in_order_and_record_the_tuning(tmp_path: Path) -> None:
     # A baseline of other configs: the run is measured and written, then exits 2 (not a pass).
     other = tmp_path / "other.json"
@@ -151,6 +183,12 @@ def test_bad_options_and_baselines_exit_2_before_anything_runs(
         (["--baseline", str(old)], "is not a maxtp bench result"),
         (["--configs", "a,a"], "name one configuration twice"),
         (["--configs", ","], "configs (--configs) is empty"),
+        (["--against", f"{JOBS}:job", "--baseline", str(old)], "give one; --against times"),
+        (["--against", f"{JOBS}:job", "--gate", "absolute"], "--against always uses the paired"),
+        (["--against", f"{JOBS}:job", "--rounds", "4"], "must be >= 5 with against"),
+        (["--against", f"{JOBS}:nope"], "nope"),
+        (["--against", f"{JOBS}:job", "--against-path", str(old)], "is not a folder"),
+        (["--against-path", str(tmp_path)], "--against-path needs --against TARGET"),
     ]
     for args, message in cases:
         assert main(["bench", f"{JOBS}:job", "--quiet", *args]) == 2

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from lightning_maxtp.bench import BenchResult, compare, format_markdown, format_text
+from lightning_maxtp.bench.gate import slower_rounds_needed
 from lightning_maxtp.bench.reference import REFERENCE
 from lightning_maxtp.bench.result import SCHEMA, Spread
 
@@ -119,3 +120,79 @@ def test_a_baseline_without_this_run_s_configs_or_with_a_zero_reference_is_refus
     broken["runs"][0]["reference_samples_per_s"] = 0.0
     with pytest.raises(ValueError, match="reference rate is not > 0"):
         BenchResult.from_dict(broken)
+
+
+def _paired(rates: list[float], against: list[float]) -> tuple[BenchResult, BenchResult]:
+    """(against's side, target's side) of one paired bench, ``defaults`` only."""
+
+    def side(values: list[float], target: str, **extra: Any) -> BenchResult:
+        made = _result({"defaults": values})
+        params = {**made.params, "reference": None, "paired": True, "rounds": len(values)}
+        # A paired run times no reference workload.
+        runs = tuple({**r, "reference_samples_per_s": None} for r in made.runs)
+        fields = {**made.__dict__, "target": target, "runs": runs}
+        return BenchResult(**{**fields, "params": {**params, **extra}})
+
+    base = side(against, "base/train.py:job")
+    return base, side(rates, "train.py:job", against="base/train.py:job")
+
+
+def test_the_paired_gate_judges_each_round_against_its_own_pair() -> None:
+    # The machine drifts 30 % between rounds; the job's rate per round keeps pace with its
+    # pair's: no regression, though the spreads of the two sides overlap everywhere.
+    drift = [101.0, 70.0, 131.0, 87.0, 109.0]
+    base, same = _paired([100.0, 72.0, 129.0, 88.0, 110.0], drift)
+    assert compare(same, base, 0.05, "paired").passed
+    # 10 % slower in every round (give or take 1 %), through the same drift: caught, though
+    # each of its rounds lies inside the other side's range (a stored baseline could not see it).
+    slower = [f * v for f, v in zip((0.9, 0.91, 0.89, 0.9, 0.9), drift, strict=True)]
+    base, slow = _paired(slower, drift)
+    gate = compare(slow, base, 0.05, "paired", "--against base/train.py:job")
+    # The job's speed fails the gate; the whole fit's rate fell as much, and is only shown.
+    assert not gate.passed and {c.metric for c in gate.regressions} == {"steady"}
+    assert gate.notes == (
+        "defaults whole-fit samples/s: median of the rounds' ratios -10.0%, shown, not gated "
+        "(start-up moves it run to run more than the job's own speed does)",
+    )
+    check = gate.regressions[0]
+    assert check.pairs == pytest.approx((0.9, 0.91, 0.89, 0.9, 0.9))
+    assert check.change == pytest.approx(-0.1)
+    assert "5 of 5 rounds slower, 5 needed; ratio per round 0.900 0.910 0.890" in str(check)
+    assert "(paired, limit -5%, most rounds slower): FAILED" in str(gate)
+    assert "(a sign test)" in format_markdown(slow, gate)
+    assert "paired with 'base/train.py:job'" in format_text(slow, gate)
+
+
+def test_the_paired_gate_needs_the_median_past_the_limit_and_enough_slower_rounds() -> None:
+    # The median 20 % down, but one of five rounds as fast as before: with five rounds, only
+    # all five slower is rarer than 1 in 20 by chance.
+    base, one_fast = _paired([80.0, 80.0, 101.0, 80.0, 80.0], [100.0] * 5)
+    assert compare(one_fast, base, 0.05, "paired").passed
+    # With twenty, 15 slower rounds are enough, however wild the other five (30 % off).
+    twenty = [90.0] * 15 + [130.0] * 5
+    base, mostly = _paired(twenty, [100.0] * 20)
+    assert not compare(mostly, base, 0.05, "paired").passed
+    base, fourteen = _paired([90.0] * 14 + [130.0] * 6, [100.0] * 20)
+    assert compare(fourteen, base, 0.05, "paired").passed
+    # Every round slower, but by less than the limit.
+    base, slightly = _paired([97.0, 98.0, 96.0, 97.5, 97.0], [100.0] * 5)
+    assert compare(slightly, base, 0.05, "paired").passed
+    assert not compare(slightly, base, 0.02, "paired").passed
+
+
+def test_the_slower_rounds_needed_are_those_chance_gives_at_most_1_time_in_20() -> None:
+    assert [slower_rounds_needed(n) for n in (3, 4, 5, 6, 10, 20)] == [None, None, 5, 6, 9, 15]
+
+
+def test_paired_and_stored_results_do_not_mix() -> None:
+    base, mine = _paired([100.0] * 5, [100.0] * 5)
+    with pytest.raises(ValueError, match="timed no reference workload; gate it with"):
+        compare(mine, BASE)
+    with pytest.raises(ValueError, match="were not timed together"):
+        compare(BASE, BASE, gate="paired")
+    other = BenchResult(**{**base.__dict__, "target": "other.py:job"})
+    with pytest.raises(ValueError, match=r"paired with 'base/train\.py:job', not with 'other\.py"):
+        compare(mine, other, gate="paired")
+    # Its JSON reads back although no run timed a reference.
+    again = BenchResult.from_dict(json.loads(json.dumps(mine.to_dict())))
+    assert "steady_per_reference" not in again.summary("defaults")

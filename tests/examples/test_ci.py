@@ -24,10 +24,15 @@ def test_the_workflow_runs_maxtp_bench_with_options_it_has() -> None:
     target = re.search(r"TARGET: (\S+)", text)
     assert target is not None and (CI.parents[1] / target.group(1).split(":")[0]).is_file()
     (line,) = [x.strip() for x in text.splitlines() if x.strip().startswith("maxtp bench")]
-    words = shlex.split(line.replace('"${gate[@]}"', "--baseline b.json --max-regression 0.10"))
+    # The gate's words, as the pull request's branch of the step sets them.
+    (gate,) = re.findall(r"gate=\((--against .*)\)", text)
+    words = shlex.split(line.replace('"${gate[@]}"', gate))
     args = build_parser().parse_args(
         [w.replace("$TARGET", target.group(1)).replace('"', "") for w in words[1:]]
     )
-    assert args.rounds == 3 and args.json == Path("bench.json")
-    assert args.markdown == Path("bench.md") and args.max_regression == 0.10
+    assert args.against == f"../base/{target.group(1)}" and args.against_path == ["../base"]
+    assert args.rounds is None and args.configs == "defaults"  # --against's 5 rounds
+    assert args.json == Path("bench.json") and args.baseline is None
+    assert args.markdown == Path("bench.md") and args.max_regression == 0.05
+    assert "git worktree add ../base" in text and "fetch-depth: 0" in text
     assert "GITHUB_STEP_SUMMARY" in text and "upload-artifact" in text

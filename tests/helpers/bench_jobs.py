@@ -1,7 +1,9 @@
 """Job functions for ``maxtp bench`` tests: a compute-bound job, a planted slowdown, broken ones.
 
 ``MAXTP_TEST_SLOW_MS`` adds that many milliseconds of sleep to every training step: the planted
-slowdown a CI gate must catch. ``MAXTP_TEST_FAIL_AT`` makes the training step raise at that step.
+slowdown a CI gate must catch. ``job_10pct_slower`` is the job at 0.9x its rate whatever the
+machine's speed: each step spins for a ninth of the previous step's own time.
+``MAXTP_TEST_FAIL_AT`` makes the training step raise at that step.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from torch.utils.data import DataLoader, TensorDataset
 class ComputeNet(pl.LightningModule):
     """An MLP whose step is a few milliseconds of matrix products on a small CPU."""
 
-    def __init__(self, width: int = 512) -> None:
+    def __init__(self, width: int = 512, slow_share: float = 0.0) -> None:
         super().__init__()
+        self.slow_share = slow_share
+        self._last: float | None = None
+        self._spun = 0.0
         self.net = nn.Sequential(nn.Linear(128, width), nn.ReLU(), nn.Linear(width, width),
                                  nn.ReLU(), nn.Linear(width, 10))  # fmt: skip
         self.slow_s = float(os.environ.get("MAXTP_TEST_SLOW_MS", "0")) / 1000
@@ -31,8 +36,21 @@ class ComputeNet(pl.LightningModule):
             raise RuntimeError(f"planted failure at step {self.global_step}")
         if self.slow_s:
             time.sleep(self.slow_s)
+        if self.slow_share:
+            self._spin()
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
+
+    def _spin(self) -> None:
+        # Spinning, not sleeping: a sleep here overshoots by up to ~13 ms, longer than a step.
+        now = time.perf_counter()
+        if self._last is not None:
+            work = now - self._last - self._spun
+            extra = work * self.slow_share / (1 - self.slow_share)
+            while time.perf_counter() < now + extra:
+                pass
+            self._spun = extra
+        self._last = now
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -48,6 +66,16 @@ def _loader(batch_size: int = 64) -> DataLoader[Any]:
 def job() -> dict[str, Any]:
     """The compute-bound job."""
     return {"model": ComputeNet(), "train_dataloaders": _loader()}
+
+
+def job_10pct_slower() -> dict[str, Any]:
+    """The compute-bound job, 10 % slower (0.9x its samples/s), as a regression would make it."""
+    return {"model": ComputeNet(slow_share=0.1), "train_dataloaders": _loader()}
+
+
+def job_far_slower() -> dict[str, Any]:
+    """The compute-bound job at 0.4x its samples/s: a regression no loaded machine hides."""
+    return {"model": ComputeNet(slow_share=0.6), "train_dataloaders": _loader()}
 
 
 def job_with_configs(config: str) -> dict[str, Any]:
