@@ -76,18 +76,17 @@ def test_against_times_both_jobs_round_by_round_and_the_paired_gate_fails_a_slow
     (base / "basejobs.py").write_text("from tests.helpers.bench_jobs import job  # noqa: F401\n")
     out, md = tmp_path / "paired.json", tmp_path / "paired.md"
     done = bench(f"{JOBS}:job_far_slower", "--against", "basejobs:job", "--against-path",
-                 str(base), "--configs", "defaults", "--rounds", "5", "--steps", "60",
-                 "--warmup", "5", "--max-regression", "0.2", "--json", str(out),
+                 str(base), "--configs", "defaults", "--rounds", "5", "--steps", "30",
+                 "--warmup", "3", "--max-regression", "0.2", "--json", str(out),
                  "--markdown", str(md))  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     record = json.loads(out.read_text())
     against = record["against"]
     assert against["target"] == "basejobs:job" and record["params"]["against"] == "basejobs:job"
     assert against["params"]["against_path"] == [str(base.resolve())]
-    # Three rounds of both, no reference workload timed, each round one pair.
-    assert (
-        [r["round"] for r in record["runs"]] == [r["round"] for r in against["runs"]] == [1, 2, 3]
-    )
+    # Five rounds of both, no reference workload timed, each round one pair.
+    rounds = [1, 2, 3, 4, 5]
+    assert [r["round"] for r in record["runs"]] == [r["round"] for r in against["runs"]] == rounds
     assert all(r["reference_samples_per_s"] is None for r in record["runs"] + against["runs"])
     gate = record["gate"]
     assert gate["gate"] == "paired" and not gate["passed"]
