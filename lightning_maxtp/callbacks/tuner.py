@@ -57,6 +57,7 @@ from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import baseline_decided, early_steps
 from lightning_maxtp.tuning.switches import (
     Switches,
+    only_persists,
     starts_workers,
     trial_risk_s,
     worker_starts,
@@ -716,12 +717,14 @@ class Tuner:
         """What a trial of ``change`` costs at worst before a window can revert it (predicted).
 
         Its worker starts, each at what the dearest start so far cost (``Switches.start_s``),
-        and its first steps until a losing trial is cut short (``switches.trial_risk_s``).
+        and its first steps until a losing trial is cut short (``switches.trial_risk_s``); none
+        of those for a change that only makes the workers persistent (``only_persists``).
         """
         ref = self.loop.ref
         step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
         starts = [self.switches.start_s(n) for n in worker_starts(change.settings, settings)]
-        return trial_risk_s(starts, early_steps(self.window_steps), step_s)
+        slower = 0 if only_persists(change.settings, settings) else early_steps(self.window_steps)
+        return trial_risk_s(starts, slower, step_s)
 
     def _affordable(self, change: Try, settings: dict[str, Any]) -> Admission | None:
         """The rule that lets a trial of ``change`` start at its worst (``_risk_s``), or ``None``.

@@ -23,6 +23,7 @@ __all__ = [
     "PER_WORKER_S",
     "WORKER_START_S",
     "Switches",
+    "only_persists",
     "settle_excess_s",
     "starts_workers",
     "trial_risk_s",
@@ -60,15 +61,29 @@ def starts_workers(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bo
     return _loader_changes(change, settings) and workers_after(change, settings) > 0
 
 
+def only_persists(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
+    """Whether ``change`` only keeps ``settings``' workers alive between epochs.
+
+    The same workers load the same batches, so no step runs slower under it; and going back
+    restarts the workers, as ``settings`` already does at every epoch's start.
+    """
+    moved = {k: v for k, v in change.items() if k in LOADER_KNOBS and settings.get(k) != v}
+    workers = int(settings.get("num_workers") or 0)
+    return moved == {"persistent_workers": True} and workers > 0
+
+
 def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> list[int]:
     """The workers each start of a trial of ``change`` from ``settings`` starts, at least.
 
     A trial switches to its settings and, when they lose, back (``starts_workers`` each way):
-    ``[]``, ``[new]``, ``[old]`` or ``[new, old]`` worker counts.
+    ``[]``, ``[new]``, ``[old]`` or ``[new, old]`` worker counts. Making the workers persistent
+    starts them once: the way back is the restart ``settings`` pays each epoch anyway.
     """
     if not _loader_changes(change, settings):
         return []
     old, new = int(settings.get("num_workers") or 0), workers_after(change, settings)
+    if only_persists(change, settings):
+        return [new]
     return [n for n in (new, old) if n > 0]
 
 
@@ -77,7 +92,7 @@ def trial_risk_s(start_s: Sequence[float], early_steps: int, step_s: float) -> f
 
     Its worker starts (``start_s``, each one's expected cost), and its first ``early_steps``
     steps (read before a losing trial is cut short) each ``LOSING_SHARE`` of the reference's
-    ``step_s`` longer.
+    ``step_s`` longer (pass 0 for a change no step runs slower under: ``only_persists``).
     """
     return sum(start_s) + early_steps * step_s * LOSING_SHARE
 

@@ -7,6 +7,7 @@ from lightning_maxtp.tuning.switches import (
     PER_WORKER_S,
     WORKER_START_S,
     Switches,
+    only_persists,
     settle_excess_s,
     starts_workers,
     trial_risk_s,
@@ -14,6 +15,7 @@ from lightning_maxtp.tuning.switches import (
 )
 
 LOADER = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": True}
+RESTARTING = LOADER | {"persistent_workers": False}
 MAIN = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "persistent_workers": False}
 
 
@@ -33,6 +35,9 @@ def test_settle_steps_cost_only_their_excess_over_the_reference() -> None:
         ({"prefetch_factor": 4}, LOADER | {"prefetch_factor": 4}, False, []),  # no change
         ({"intra_op_threads": 1}, LOADER, False, []),  # not the loader's
         ({"precision": "bf16-mixed"}, MAIN, False, []),
+        # Persistent workers start once: going back restarts them, as each epoch already does.
+        ({"persistent_workers": True}, RESTARTING, True, [4]),
+        ({"persistent_workers": True, "num_workers": 2}, RESTARTING, True, [2, 4]),
     ],
 )
 def test_worker_starts_are_counted_each_way(
@@ -45,6 +50,15 @@ def test_worker_starts_are_counted_each_way(
 def test_a_trial_risks_its_worker_starts_and_its_first_steps() -> None:
     assert trial_risk_s([0.3, 0.3], 4, 0.01) == pytest.approx(0.6 + 4 * 0.01 * LOSING_SHARE)
     assert trial_risk_s([], 4, 0.25) == pytest.approx(4 * 0.25 * LOSING_SHARE)
+
+
+def test_only_persisting_the_same_workers_slows_no_step() -> None:
+    assert only_persists({"persistent_workers": True}, RESTARTING)
+    assert only_persists({"persistent_workers": True, "num_workers": 4}, RESTARTING)  # same
+    assert not only_persists({"persistent_workers": True, "num_workers": 2}, RESTARTING)
+    assert not only_persists({"persistent_workers": True}, MAIN)  # no workers to keep
+    assert not only_persists({"persistent_workers": False}, LOADER)  # restarting them
+    assert not only_persists({"prefetch_factor": 4}, RESTARTING)
 
 
 def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
