@@ -62,10 +62,13 @@ def _callback(**kwargs: Any) -> MaxThroughputCallback:
     return MaxThroughputCallback(**(defaults | kwargs))
 
 
-def _fit(callback: MaxThroughputCallback | None, workers: int = 0, **kwargs: Any) -> list[int]:
+def _fit(
+    callback: MaxThroughputCallback | None, workers: int = 0, samples: int = 480, **kwargs: Any
+) -> list[int]:
     pl.seed_everything(7, verbose=False)
     model = IdModel()
-    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True, num_workers=workers)
+    data = SleepDataset(samples, 0.004)
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=workers)
     trainer = _trainer([callback] if callback else [], **kwargs)
     trainer.fit(model, loader)
     shown = trainer.progress_bar_metrics
@@ -82,12 +85,14 @@ def _fit(callback: MaxThroughputCallback | None, workers: int = 0, **kwargs: Any
 
 
 def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_path: Path) -> None:
-    plain = _fit(None, max_epochs=1)
+    # 120 steps: on a loaded machine the trial was once still being measured when a 60-step
+    # epoch ended (unfinished, not kept).
+    plain = _fit(None, samples=960, max_epochs=1)
     callback = _callback(max_trials=1, report_dir=tmp_path / "report")
-    tuned = _fit(callback, max_epochs=1)
+    tuned = _fit(callback, samples=960, max_epochs=1)
 
     assert tuned == plain, "tuning steps are real steps: same samples, same order"
-    assert sorted(tuned) == list(range(480))
+    assert sorted(tuned) == list(range(960))
     (trial,) = callback.trials
     assert (trial.knob, trial.old, trial.verdict, trial.kept) == ("num_workers", 0, "kept", True)
     # Kept after one pair when the first window confirmed the gain the main process's own
