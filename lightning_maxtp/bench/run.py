@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -202,6 +202,8 @@ class _Side:
 
     text: str
     sys_path: tuple[str, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """What this side's result records beside the bench's own parameters."""
 
 
 def _run_rounds(
@@ -305,26 +307,64 @@ def _start(
     return text
 
 
-def _result(
-    text: str,
-    *,
+def _bench(
+    sides: Sequence[_Side],
     configs: tuple[str, ...],
-    runs: list[dict[str, Any]],
-    machine: dict[str, Any],
-    params: dict[str, Any],
-    load_before: list[float] | None,
-) -> BenchResult:
-    return BenchResult(
-        target=text,
-        configs=configs,
-        params={**params, "device": runs[-1]["device"]},
-        runs=tuple(runs),
-        machine=machine,
-        versions=dict(runs[-1].get("versions") or {}),
-        git=_git(),
-        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        load_avg={"before": load_before, "after": _load_avg()},
+    *,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    accelerator: str | None,
+    timeout_s: float,
+    child_env: dict[str, str],
+    reference: bool,
+    progress: TextIO | None,
+    verbose: bool,
+) -> list[BenchResult]:
+    """Time every side (``_run_rounds``) and make each one's result, in the order given.
+
+    With ``reference`` each run times the reference workload; without, the bench is paired
+    (the other side is the reference).
+    """
+    load_before = _load_avg()
+    runs, machine = _run_rounds(
+        sides,
+        configs,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        accelerator=accelerator,
+        timeout_s=timeout_s,
+        child_env=child_env,
+        reference=reference,
+        progress=progress,
+        verbose=verbose,
     )
+    params: dict[str, Any] = {
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+        "accelerator": accelerator or "auto",
+        "reference": REFERENCE if reference else None,
+    }
+    if not reference:
+        params["paired"] = True
+    git, stamp = _git(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load_avg = {"before": load_before, "after": _load_avg()}
+    return [
+        BenchResult(
+            target=side.text,
+            configs=configs,
+            params={**params, **side.params, "device": mine[-1]["device"]},
+            runs=tuple(mine),
+            machine=machine,
+            versions=dict(mine[-1].get("versions") or {}),
+            git=git,
+            timestamp=stamp,
+            load_avg=load_avg,
+        )
+        for side, mine in zip(sides, runs, strict=True)
+    ]
 
 
 def run_bench(
@@ -370,8 +410,7 @@ def run_bench(
     text = _start(
         target, configs=configs, steps=steps, warmup=warmup, rounds=rounds, timeout_s=timeout_s
     )
-    load_before = _load_avg()
-    (runs,), machine = _run_rounds(
+    (result,) = _bench(
         [_Side(text)],
         configs,
         steps=steps,
@@ -384,16 +423,7 @@ def run_bench(
         progress=None if quiet else (progress or sys.stderr),
         verbose=verbose,
     )
-    params = {
-        "steps": steps,
-        "warmup": warmup,
-        "rounds": rounds,
-        "accelerator": accelerator or "auto",
-        "reference": REFERENCE,
-    }
-    return _result(
-        text, configs=configs, runs=runs, machine=machine, params=params, load_before=load_before
-    )
+    return result
 
 
 def run_against(
@@ -467,9 +497,8 @@ def run_against(
                 "checkout (or its src/ folder) whose package the against job imports"
             )
         paths.append(str(Path(folder).resolve()))
-    load_before = _load_avg()
-    (mine, theirs), machine = _run_rounds(
-        [_Side(text), _Side(base, tuple(paths))],
+    mine, theirs = _bench(
+        [_Side(text, params={"against": base}), _Side(base, tuple(paths), {"against_path": paths})],
         configs,
         steps=steps,
         warmup=warmup,
@@ -481,29 +510,4 @@ def run_against(
         progress=None if quiet else (progress or sys.stderr),
         verbose=verbose,
     )
-    params = {
-        "steps": steps,
-        "warmup": warmup,
-        "rounds": rounds,
-        "accelerator": accelerator or "auto",
-        "reference": None,
-        "paired": True,
-    }
-    return (
-        _result(
-            base,
-            configs=configs,
-            runs=theirs,
-            machine=machine,
-            params={**params, "against_path": paths},
-            load_before=load_before,
-        ),
-        _result(
-            text,
-            configs=configs,
-            runs=mine,
-            machine=machine,
-            params={**params, "against": base},
-            load_before=load_before,
-        ),
-    )
+    return theirs, mine

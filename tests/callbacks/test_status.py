@@ -28,23 +28,23 @@ class Peek(pl.Callback):
             self.seen.append(status)
 
 
-def _fit(monitor: BottleneckMonitor, peek: Peek) -> None:
+def _fit() -> tuple[BottleneckMonitor, Peek]:
+    """A 20-step fit with 5-step windows; its monitor, and what was read of the status."""
+    monitor = BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False)
+    peek = Peek()
     data = TensorDataset(torch.randn(160, 16), torch.arange(160))
     pl.Trainer(
         accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor, peek],
     ).fit(IdModel(), DataLoader(data, batch_size=8))  # fmt: skip
+    return monitor, peek
 
 
 def test_status_is_published_each_window_and_removed_at_the_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(bottleneck_monitor, "STATUS_EVERY_S", 0.0)
-    monitor, peek = (
-        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
-        Peek(),
-    )
-    _fit(monitor, peek)
+    monitor, peek = _fit()
     firsts = sorted({s["first_step"] for s in peek.seen})
     assert len(firsts) >= 3, firsts  # one status per window, updated as each closes
     last = peek.seen[-1]
@@ -62,11 +62,7 @@ def test_windows_closing_faster_than_the_interval_publish_once_per_interval(
     # machine's slow steps cannot pass for the interval): the first window's status is
     # written, each later one would cost the training thread a file write.
     monkeypatch.setattr(bottleneck_monitor, "STATUS_EVERY_S", 3600.0)
-    monitor, peek = (
-        BottleneckMonitor(window_steps=5, sampler_interval_s=None, verbose=False),
-        Peek(),
-    )
-    _fit(monitor, peek)
+    monitor, peek = _fit()
     assert len(monitor.windows) >= 3 and peek.seen
     assert {s["first_step"] for s in peek.seen} == {monitor.windows[0].first_step}
     assert not status_path(os.getpid()).exists()
