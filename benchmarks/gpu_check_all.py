@@ -36,7 +36,8 @@ process on the GPU to the probe, the packer and the strategy planner.
 
 ``--smoke`` passes ``--smoke`` to every script of the profile (CPU plumbing, tiny sizes):
 ``SMOKE_JOBS`` at a time, longest first, each with one intra-op thread, reported in the
-profile's order. ``--results-dir DIR`` also keeps each script's output as
+profile's order; each is forked off one server process that imported torch and Lightning once
+(about half the smoke run's time here), in its own session as above. ``--results-dir DIR`` also keeps each script's output as
 ``DIR/gpu_check_<name>.txt``; ``--only inspect,loader`` runs a subset; ``--deadline-s`` changes
 the profile's deadline. The device command is in ``benchmarks/GPU.md``.
 
@@ -255,7 +256,7 @@ def _detail(status: str, code: int | None, data: dict[str, Any] | None, stderr: 
     return f"exit code {code}: {_last_line(stderr) or 'no output on stderr'}"
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | _Forked) -> None:
     # The script's children (DataLoader workers, pack jobs, a GPU allocator) share its group;
     # one left behind would hold GPU memory or CPUs while the next check measures.
     try:
@@ -271,6 +272,88 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+PRELOAD = ("torch", "torchvision", "lightning.pytorch")
+"""What the smoke mode's fork server imports once: about 7 s of each script's start here."""
+
+
+def _forked_main(path: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    # In a child of the fork server: the script's own session, environment, files and argv,
+    # then the script as ``__main__``; its atexit handlers (Ray's shutdown, logging's flush)
+    # run before multiprocessing ends the process with os._exit.
+    import atexit
+    import multiprocessing
+    import runpy
+
+    # A child of the fork server inherits its start method: the script's DataLoader workers
+    # would be forked off the server and sent the dataset, ~1 s a worker. A fresh
+    # interpreter's default instead.
+    multiprocessing.set_start_method(None, force=True)
+    os.setsid()
+    os.chdir(ROOT)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, name in ((1, out), (2, err)):
+        with open(name, "ab") as file:
+            os.dup2(file.fileno(), fd)
+    sys.argv = [path, *args]
+    sys.path[:0] = [str(Path(path).parent), str(ROOT)]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()
+
+
+class _Forked:
+    """A script forked off the smoke mode's fork server, driven like a ``subprocess.Popen``.
+
+    The server (``multiprocessing``'s forkserver, one process that imported ``PRELOAD`` and
+    runs no threads) forks every script, so the smoke mode pays the imports once, not once a
+    script: about 50 of its ~100 CPU seconds here. The GPU run keeps one fresh interpreter per
+    script (a forked CUDA process is unusable, and each check must start clean).
+    """
+
+    def __init__(self, path: Path, args: list[str], env: dict[str, str], out: str, err: str):
+        self._process = _fork_server().Process(
+            target=_forked_main, args=(str(path), args, env, out, err)
+        )
+        self._process.start()
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        self._process.join(0)
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(str(self._process), timeout or 0.0)
+        return self._process.exitcode
+
+
+def _fork_server() -> Any:
+    import multiprocessing
+
+    # The server starts with this process's environment, and libgomp reads its thread count
+    # when torch is imported there: one intra-op thread per script, as a fresh one gets.
+    for key, value in SMOKE_THREADS.items():
+        os.environ.setdefault(key, value)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+def start_fork_server() -> None:
+    """Start the smoke mode's fork server and wait for its imports, before any script's clock."""
+    process = _fork_server().Process(target=time.time)
+    process.start()
+    process.join()
+
+
 def run_script(
     name: str,
     path: Path,
@@ -279,7 +362,10 @@ def run_script(
     timeout_s: float,
     results_dir: Path | None,
 ) -> Outcome:
-    """Run one check script in a fresh interpreter and its own process group.
+    """Run one check script in its own process group.
+
+    A fresh interpreter, or with ``--smoke`` a child of the fork server that imported
+    ``PRELOAD`` once.
 
     Args:
         name: Its short name (``inspect``).
@@ -299,11 +385,15 @@ def run_script(
     env = {**os.environ, **threads, "PYTHONPATH": path_var, SCRIPT_ENV: name}
     command = [sys.executable, str(path), *args]
     # Files, not pipes: a grandchild that outlives the script cannot block reading its output.
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.NamedTemporaryFile() as out, tempfile.NamedTemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True
-        )
+        proc: subprocess.Popen[bytes] | _Forked
+        if "--smoke" in args:
+            proc = _Forked(path, args, env, out.name, err.name)
+        else:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True
+            )
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -552,7 +642,7 @@ class Results:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; print the table and one JSON line; return the exit code."""
-    saved = {name: os.environ.get(name) for name in (ROWS_ENV, DATA_DIR_ENV)}
+    saved = {name: os.environ.get(name) for name in (ROWS_ENV, DATA_DIR_ENV, *SMOKE_THREADS)}
     try:
         return _main(argv)
     finally:  # the scripts' shared settings are this run's, not the caller's
@@ -620,6 +710,8 @@ def _main(argv: list[str] | None) -> int:
             args.out.write_text(line + "\n")
         return 2  # no usable GPU: the checks would only measure the CPU fallback
     deadline = args.deadline_s or DEADLINES[args.profile]
+    if args.smoke:
+        start_fork_server()
     extra = SMOKE_ARGS if args.smoke else PROFILE_ARGS[args.profile]
     outcomes = run_all(
         scripts, smoke=args.smoke, budgets=budgets, results_dir=args.results_dir,

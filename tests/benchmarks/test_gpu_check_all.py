@@ -29,7 +29,8 @@ def check_names() -> list[str]:
 
 @pytest.mark.slow
 def test_smoke_runs_every_check_script_and_keeps_their_output(tmp_path: Path) -> None:
-    # ~75 s alone here, 143-158 s in CI's parallel pass; each script is killed after
+    # ~38 s alone here (75 s before the scripts were forked off one server that imported
+    # torch and Lightning once), 82 s in CI's parallel pass then; each script is killed after
     # SMOKE_TIMEOUT_S (three at a time), so only a hang of the runner itself gets this far.
     record, out = tmp_path / "all.json", tmp_path / "out"
     proc = subprocess.run(
@@ -109,9 +110,15 @@ SCRIPTS = {
 }
 
 
+@pytest.mark.parametrize("smoke", [False, True], ids=["interpreter", "forked"])
 def test_failed_crashed_timeout_and_out_of_time_are_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    smoke: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # Each script in a fresh interpreter (the GPU run), or forked off the smoke mode's fork
+    # server: the same statuses, output and rows either way.
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     for name, body in SCRIPTS.items():
@@ -126,6 +133,7 @@ def test_failed_crashed_timeout_and_out_of_time_are_reported(
         "--scripts-dir", str(scripts), "--budget-s", "3", "--deadline-s", "5",
         "--results-dir", str(tmp_path / "out"), "--out", str(tmp_path / "all.json"),
         "--out-dir", str(tmp_path / "dir"), "--no-require-gpu",
+        *(["--smoke", "--jobs", "1"] if smoke else []),
     ])  # fmt: skip
     line = capsys.readouterr().out.strip().splitlines()[-1]
     data = json.loads((tmp_path / "all.json").read_text())
@@ -143,7 +151,7 @@ def test_failed_crashed_timeout_and_out_of_time_are_reported(
     assert by_name["d_hangs"]["exit_code"] != 0 and 3 <= by_name["d_hangs"]["seconds"] < 10
     assert "out of time" in by_name["e_late"]["detail"] and by_name["e_late"]["exit_code"] is None
     assert data["failed"] == ["b_fails", "c_no_json", "d_hangs", "e_late"] and code == 1
-    assert data["smoke"] is False and data["machine"]["cuda"] is False
+    assert data["smoke"] is smoke and data["machine"]["cuda"] is False
     kept = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert kept == [f"{n[:-3]}.txt" for n in sorted(SCRIPTS) if "late" not in n]
     assert "started" in (tmp_path / "out" / "gpu_check_d_hangs.txt").read_text()
