@@ -1,8 +1,9 @@
 """Griffe extension for the API reference: the callback's real defaults and arguments' text.
 
 ``MaxThroughputCallback``'s keyword defaults are read from ``TuningConfig`` in the code
-(``warmup_steps: int = DEFAULTS.warmup_steps``) and its docstring points each loop setting to
-its field (``TuningConfig.warmup_steps`` (same default)), so that the values and their
+(``warmup_steps: int = DEFAULTS.warmup_steps``; the monitoring ones from ``MONITOR``) and its
+docstring points each loop setting to its field (``TuningConfig.warmup_steps`` (same
+default)), so that the values and their
 documentation live once. Read statically, the reference would show the expression and the
 pointer; this extension puts in the value (``5``) and the field's own docstring, taken from the
 code when the site is built. mkdocs.yml loads it (``extensions:`` of the python handler).
@@ -21,19 +22,21 @@ POINTER = re.compile(r"``TuningConfig\.(\w+)`` \(same default\)\.")
 
 
 class RealDefaults(griffe.Extension):
-    """Replace ``DEFAULTS.<field>`` defaults and "same default" pointers in the callback."""
+    """Replace ``DEFAULTS.<field>`` / ``MONITOR.<field>`` defaults and "same default" pointers."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         """Rewrite the callback's ``__init__`` defaults and docstring once the package is loaded."""
         if pkg.name != "lightning_maxtp":
             return
+        from lightning_maxtp.callbacks.monitor_defaults import MONITOR
         from lightning_maxtp.tuning.config import DEFAULTS
 
         callback = pkg[CALLBACK]
         for param in callback["__init__"].parameters:
             text = str(param.default) if param.default is not None else ""
-            if text.startswith("DEFAULTS."):
-                param.default = repr(getattr(DEFAULTS, text.removeprefix("DEFAULTS.")))
+            for prefix, source in (("DEFAULTS.", DEFAULTS), ("MONITOR.", MONITOR)):
+                if text.startswith(prefix):
+                    param.default = repr(getattr(source, text.removeprefix(prefix)))
         docstring = callback.docstring
         if docstring is None:
             return

@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from lightning_maxtp._log import prefixed, rank_zero_info
 from lightning_maxtp.callbacks.metrics import window_metrics
+from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.ranks import RankSpread
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.step_clock import StepClock
@@ -77,17 +78,17 @@ class BottleneckMonitor(Callback):
 
     def __init__(
         self,
-        window_steps: int = 50,
+        window_steps: int = MONITOR.window_steps,
         *,
         samples_fn: Callable[[Any], int] | None = None,
-        sampler_interval_s: float | None = 0.1,
+        sampler_interval_s: float | None = MONITOR.sampler_interval_s,
         capture: CaptureMode = "auto",
         capture_steps: int = 3,
         report_dir: str | Path | None = None,
         verbose: bool = True,
         sources: list[_sampler.Source] | None = None,
         on_window: Callable[[pl.Trainer, Window], None] | None = None,
-        mfu: bool = True,
+        mfu: bool = MONITOR.mfu,
         flops_per_batch: float | None = None,
     ) -> None:
         if capture not in CAPTURE_MODES:

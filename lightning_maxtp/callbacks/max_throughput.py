@@ -12,9 +12,11 @@ The callback owns a ``BottleneckMonitor`` (measurement, diagnosis, logging, the 
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
@@ -24,6 +26,7 @@ from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.console import fit, plan_brief, result_lines, verbosity
 from lightning_maxtp.callbacks.loader_trial import plan_line, tried_knobs
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
+from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.tuner import Tuner
 from lightning_maxtp.loader.switchable import SwitchableLoader
@@ -42,6 +45,25 @@ if TYPE_CHECKING:
 __all__ = ["MaxThroughputCallback"]
 
 log = logging.getLogger(__name__)
+
+
+_P = ParamSpec("_P")
+
+
+def _keywords_recorded(init: Callable[_P, None]) -> Callable[_P, None]:
+    """Record the names a caller passed to ``__init__``.
+
+    A tuning keyword passed at its default value beside ``config=`` is still passed, and an
+    error (``tuning_config``). The signature stays the plain one (``functools.wraps``) for
+    LightningCLI and the docs.
+    """
+
+    @functools.wraps(init)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        args[0].__dict__["_passed"] = frozenset(kwargs)
+        init(*args, **kwargs)
+
+    return wrapper
 
 
 class MaxThroughputCallback(Callback):
@@ -128,6 +150,7 @@ class MaxThroughputCallback(Callback):
             nothing is counted (for a compiled model, or a count of your own).
     """
 
+    @_keywords_recorded
     def __init__(
         self,
         config: TuningConfig | None = None,
@@ -150,8 +173,8 @@ class MaxThroughputCallback(Callback):
         report_dir: str | Path | None = None,
         verbose: bool | Literal["steps"] = True,
         progress_bar: bool = False,
-        sampler_interval_s: float | None = 0.1,
-        mfu: bool = True,
+        sampler_interval_s: float | None = MONITOR.sampler_interval_s,
+        mfu: bool = MONITOR.mfu,
         flops_per_batch: float | None = None,
     ) -> None:
         keywords = {
@@ -170,7 +193,7 @@ class MaxThroughputCallback(Callback):
             "drift_share": drift_share,
             "cost_share": cost_share,
         }
-        self.config = tuning_config(config, keywords)
+        self.config = tuning_config(config, keywords, self.__dict__.pop("_passed", ()))
         self._monitor = BottleneckMonitor(
             self.config.window_steps,
             sampler_interval_s=sampler_interval_s,

@@ -26,6 +26,7 @@ from typing_extensions import override
 
 from lightning_maxtp._checks import COUNT, SECONDS, refuse_bool
 from lightning_maxtp.callbacks.context import job_context, watch_first_batch
+from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.ranks import RankSpread, gather_spread
 from lightning_maxtp.callbacks.utilization import FlopMeter
 from lightning_maxtp.observe import sampler as _sampler
@@ -81,18 +82,23 @@ class StepClock(Callback):
 
     def __init__(
         self,
-        window_steps: int = 50,
+        window_steps: int = MONITOR.window_steps,
         *,
         samples_fn: Callable[[Any], int] | None = None,
-        sampler_interval_s: float | None = 0.1,
+        sampler_interval_s: float | None = MONITOR.sampler_interval_s,
         sources: list[_sampler.Source] | None = None,
         keep_windows: int = 1000,
         on_window: Callable[[pl.Trainer, Window], None] | None = None,
-        mfu: bool = True,
+        mfu: bool = MONITOR.mfu,
         flops_per_batch: float | None = None,
     ) -> None:
-        refuse_bool("window_steps", window_steps, f"{COUNT} of steps >= 1", 50)
-        refuse_bool("sampler_interval_s", sampler_interval_s, f"{SECONDS} or None", 0.1)
+        refuse_bool("window_steps", window_steps, f"{COUNT} of steps >= 1", MONITOR.window_steps)
+        refuse_bool(
+            "sampler_interval_s",
+            sampler_interval_s,
+            f"{SECONDS} or None",
+            MONITOR.sampler_interval_s,
+        )
         if window_steps < 1:
             raise ValueError(f"`window_steps` must be >= 1, got {window_steps}")
         interval = sampler_interval_s

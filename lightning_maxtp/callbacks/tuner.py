@@ -506,7 +506,7 @@ class Tuner:
             device = self.monitor.context.device_type
             loop.skipped.clear()
             change = loop.next_try(tuple(found), settings, device_type=device)
-            change = None if change is None else self._sized(change)
+            change = None if change is None else self._sized(change, window)
             if change is not None and not loop.time_left():
                 change = None
             if change is not None and not self._affordable(change, settings):
@@ -641,7 +641,7 @@ class Tuner:
 
     # -- the steps of the loop --------------------------------------------------------------
 
-    def _decide(self) -> Decision:
+    def _decide(self) -> Decision:  # noqa: PLR0912 - one loop: each ask answered, sized, paid or skipped
         """Rank zero: the next trial, or why the loop stops (``Try`` or ``Stop``).
 
         The loop asks for what it cannot know itself: the loader measured alone (training
@@ -664,7 +664,11 @@ class Tuner:
             decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
             proposed = decision
             if isinstance(decision, Try) and decision is not plan and decision is not math_knob:
-                decision = self._sized(decision)
+                sized = self._sized(decision)
+                if sized is None:  # no count pays for its start in what is left of the fit
+                    self.loop.skipped |= {(k, repr(v)) for k, v in decision.settings.items()}
+                    continue
+                decision = sized
             if isinstance(decision, MeasureLoader):
                 plan = self._plan_change()
             elif isinstance(decision, AskMath):
@@ -689,14 +693,17 @@ class Tuner:
             else:
                 return decision
 
-    def _sized(self, change: Try) -> Try:
+    def _sized(self, change: Try, window: Window | None = None) -> Try | None:
         """A modelled worker change sized to the rest of this fit.
 
         The diagnosis ranks worker counts by their steady rate; here the job model weighs the
         start of more workers (as this fit's starts measured them) against the samples left
-        (``JobModel.choose``): a short fit gets fewer, a long one as many as pay.
+        (``JobModel.choose``): a short fit gets fewer, a long one as many as pay. ``None`` when
+        the count in force finishes soonest (noted): no other count saves its start.
+        ``window``: the one that named the change, when it is not the reference (a monitoring
+        window after tuning).
         """
-        ref, cost = self.loop.ref, self._cost()
+        ref, cost = window or self.loop.ref, self._cost()
         if change.knob != "num_workers" or change.expected_gain is None or ref is None:
             return change
         model = JobModel.from_window(ref)
@@ -708,7 +715,14 @@ class Tuner:
         most = self.config.max_workers
         choice = model.choose(most=most, samples_left=samples_left, start_s=start_s)
         settings = {"num_workers": choice.workers}
-        if choice.workers == model.workers or settings == change.settings:
+        if choice.workers == model.workers:
+            self.note(
+                f"{fmt_settings(change.settings)} not tried: for the "
+                f"{samples_left:.0f} samples left, starting them costs more than they would save"
+                f" ({choice.reason})"
+            )
+            return None
+        if settings == change.settings:
             return change
         why = f"{change.why}; for the {samples_left:.0f} samples left, {choice.workers} workers"
         return Try(change.knob, settings, why, round(choice.gain, 4))

@@ -176,6 +176,10 @@ class JobModel:
     """CUDA: seconds per sample the device itself needs (the steps' events,
     ``Window.device_step_s``); no setting of the loader makes the job faster. 0: unknown (the
     host's step time, ``step_s``, is then the only bound)."""
+    serial_s: float = 0.0
+    """Seconds per sample with no workers as measured, when the window had none: each step
+    after its wait included, which can be slower than ``step_s`` (``_fed_step_s``). 0: the
+    step and the loading in series, ``step_s + load_s``."""
 
     @property
     def free_cores(self) -> float:
@@ -211,12 +215,14 @@ class JobModel:
         compute = t - wait
         step_cores = _step_cores(window, cores)
         q = CONTENTION if ctx.device_type == "cpu" else 1.0
+        serial_s = 0.0
         if workers == 0:
             if not window.wait_cpu_s:
                 return None
             load_s = wait
             load_cpu_s = min(load_s, sum(window.wait_cpu_s) / n)
-            step_s = compute
+            step_s = _fed_step_s(window) if load_cpu_s < load_s / 2 else compute
+            serial_s = t
             source = "the main process's own loading while the step waited"
         else:
             busy = window.sampler.mean_worker_cpu
@@ -263,6 +269,7 @@ class JobModel:
             epoch_samples=batches * batch if batches and batch else None,
             loaders=1 + ctx.loaders_following,
             device_s=device_s,
+            serial_s=serial_s,
         )
 
     @property
@@ -274,7 +281,7 @@ class JobModel:
         """Predicted seconds per sample with ``workers`` loader workers, and what bounds them."""
         s, load = self.step_s, self.load_s
         if workers <= 0:
-            return max(s + load, self.device_s), "serial"
+            return max(self.serial_s or s + load, self.device_s), "serial"
         k = min(float(workers), self.cores)
         cpu = self.displacing_s()
         a = s + cpu / k
@@ -386,6 +393,11 @@ class JobModel:
         workers, persistent = best
         measured = Prediction(self.workers, self.measured_samples_per_s, "measured")
         gain = times[now] / times[best] - 1
+        if self.measured_samples_per_s > 0:
+            # Against the rate measured too: a model that underrates the settings in force (it
+            # reads them under another bound than the one that holds) would promise a gain
+            # over its own low figure that the measured rate already has.
+            gain = min(gain, 1 / (times[best] * self.measured_samples_per_s) - 1)
         chosen = Prediction(
             workers, self.measured_samples_per_s * (1 + gain), self.seconds_per_sample(workers)[1]
         )
@@ -412,7 +424,8 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
     """One worker's seconds per sample, waits included, from a window with workers.
 
     What an earlier window measured in one process when there is one
-    (``JobContext.loading_s``: no workers, its waits its own, no core to wait for). Else, when
+    (``JobContext.loading_s``: no workers, its waits its own, no core to wait for), or less
+    when the step waits on workers that took less (``W * t``). Else, when
     every core is busy, its CPU work alone (a worker off the CPU then waits for a core, not for
     a read: more workers would wait the same). Else, when the step waits for data (beyond
     ``DATA_WAIT_SHARE``, epoch starts left out), the workers do not idle (their queue runs
@@ -425,7 +438,11 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
     if earlier is not None:
         # Measured in one process before (no workers): the loading's own time a sample, its
         # waits included, free of what workers beside each other and the step wait for a core.
-        return max(load_cpu_s, earlier[0]), f"{cpu}; a sample loaded in {earlier[0] * 1e3:.2f} ms"
+        # Unless the workers, never idle while the step waits on them, took less (``W * t``
+        # each): the main process's own overhead was then part of that measurement.
+        busy = workers * t if window.data_wait_share >= th.DATA_WAIT_SHARE else earlier[0]
+        load_s = max(load_cpu_s, min(earlier[0], busy))
+        return load_s, f"{cpu}; a sample loaded in {load_s * 1e3:.2f} ms"
     system = window.sampler.mean_system_cpu
     if system is not None and system >= th.SYSTEM_CPU_SATURATED:
         # Every core busy: a worker's time off the CPU is a wait for a core, not for a read;
@@ -434,6 +451,26 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
     if window.data_wait_share >= th.DATA_WAIT_SHARE:
         return max(load_cpu_s, workers * t), f"{cpu}; the step waits on them"
     return load_cpu_s, f"{cpu}; they keep up (their waits, if any, unseen)"
+
+
+def _fed_step_s(window: Window) -> float:
+    """Seconds per sample of the step fed back to back, from a window whose loading waits.
+
+    With no workers and reads that wait, the cores idle while the main process waits, and the
+    step after each wait runs several times slower than one fed back to back (measured on
+    2 CPUs, a tiny MLP after 0.1 s of reads: 10-13 ms a step, 1.5 ms for one that found its
+    threads awake; 1.1 ms fed from memory). Workers feed it back to back: the fastest step
+    seen is its cost then. The mean would cap every prediction near the rate of the slow
+    steps, and the first trial would stop far short of the count the reads need.
+    """
+    per_sample = [
+        (step - wait) / samples
+        for step, wait, samples in zip(
+            window.step_time_s, window.data_wait_s, window.samples, strict=True
+        )
+        if samples > 0
+    ]
+    return max(min(per_sample), 0.0) if per_sample else 0.0
 
 
 def _step_cores(window: Window, cores: float) -> float:

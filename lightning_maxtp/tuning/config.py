@@ -8,6 +8,7 @@ to the loop and the loader step. Each message of a bad value names the field and
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -152,12 +153,20 @@ DEFAULTS = TuningConfig()
 """Every field at its default: the callback's keyword defaults are read from here."""
 
 
-def tuning_config(config: TuningConfig | None, keywords: dict[str, Any]) -> TuningConfig:
+def tuning_config(
+    config: TuningConfig | None, keywords: dict[str, Any], passed: Collection[str] = ()
+) -> TuningConfig:
     """The callback's ``TuningConfig``: ``config`` as given, or one built from ``keywords``.
 
+    Args:
+        config: The config object the caller passed, or ``None``.
+        keywords: The callback's tuning keywords, each as passed or at its default.
+        passed: The names the caller passed explicitly (even at their default values).
+
     Raises:
-        ValueError: When ``config`` is not a ``TuningConfig``, when it comes with keywords that
-            differ from their defaults (which one wins would be a guess), or for a bad value.
+        ValueError: When ``config`` is not a ``TuningConfig``, when it comes with tuning
+            keywords (which one wins would be a guess, even for a keyword passed at its
+            default), or for a bad value.
     """
     if config is None:
         return TuningConfig(**keywords)
@@ -166,7 +175,9 @@ def tuning_config(config: TuningConfig | None, keywords: dict[str, Any]) -> Tuni
             f"`config` must be a TuningConfig or None, got {type(config).__name__}; e.g. "
             "MaxThroughputCallback(config=TuningConfig(max_trials=3))"
         )
-    changed = [f"{k}={v!r}" for k, v in keywords.items() if v != getattr(DEFAULTS, k)]
+    changed = [
+        f"{k}={v!r}" for k, v in keywords.items() if k in passed or v != getattr(DEFAULTS, k)
+    ]
     if changed:
         raise ValueError(
             f"pass the tuning settings either as `config=` or as keywords, not both: got "

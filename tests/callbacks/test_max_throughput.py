@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -224,12 +225,26 @@ def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back(
     assert in_force.get("intra_op_threads") == (1 if tried[0].kept else None), in_force
 
 
+class _StopAfter(pl.Callback):
+    """Stops the fit after this many steps (``trainer.should_stop``)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
+
+
 def test_a_fit_that_ends_during_a_trial_reports_it_unfinished_and_undoes_it() -> None:
     callback = _callback(max_trials=1, settle_steps=0)
     loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
     # 2 warm-up steps, a baseline decided after its first 4 (every step waits on reads), then
-    # 2 steps of the trial: fewer than its first window needs to say anything
-    _trainer([callback], max_steps=2 + 4 + 2).fit(IdModel(), loader)
+    # 2 steps of the trial: fewer than its first window needs to say anything. The fit is
+    # stopped there, as by a user's early stopping: one due to end there (`max_steps=8`) would
+    # not start the trial, whose workers could not pay for their start in two steps.
+    stop = _StopAfter(2 + 4 + 2)
+    _trainer([callback, stop], max_epochs=1).fit(IdModel(), loader)
 
     (trial,) = callback.trials
     assert (trial.verdict, trial.kept) == ("unfinished", False)
@@ -237,6 +252,18 @@ def test_a_fit_that_ends_during_a_trial_reports_it_unfinished_and_undoes_it() ->
     assert callback.tuning.stop_reason == "the fit ended during a trial"
     assert callback.loader is not None and callback.loader.settings()["num_workers"] == 0
     assert callback.report.knob_changes[-1].reason.startswith("unfinished")
+
+
+def test_workers_that_cannot_pay_for_their_start_before_the_fit_ends_are_not_started() -> None:
+    # The same fit due to end two steps after its baseline: more workers would save a few
+    # milliseconds of reads over those 16 samples and cost far more to start.
+    callback = _callback(max_trials=1, settle_steps=0)
+    loader = DataLoader(SleepDataset(480, 0.004), batch_size=8, shuffle=True)
+    _trainer([callback], max_steps=2 + 4 + 2).fit(IdModel(), loader)
+    assert callback.trials == []
+    (note,) = [n for n in callback.tuning.notes if n.startswith("num_workers")]
+    assert re.search(r"=\d+ not tried: for the \d+ samples left, starting them costs more", note)
+    assert callback.loader is not None and callback.loader.settings()["num_workers"] == 0
 
 
 def test_switching_mid_epoch_keeps_every_index_once_in_order() -> None:
@@ -290,6 +317,12 @@ def test_keywords_or_one_config_object_with_the_defaults_defined_once() -> None:
     assert MaxThroughputCallback(max_trials=2, allow=("precision",)).config == config
     with pytest.raises(ValueError, match=r"either as `config=` or as keywords.*max_trials=3"):
         MaxThroughputCallback(config=config, max_trials=3)
+    # A keyword passed at its default value is passed too: which one was meant is a guess.
+    default = TuningConfig().max_trials
+    with pytest.raises(ValueError, match=rf"either as `config=` or as keywords.*{default}"):
+        MaxThroughputCallback(config, max_trials=default)
+    # The signature LightningCLI and the docs read is the plain one.
+    assert list(params)[:2] == ["config", "warmup_steps"]
     with pytest.raises(ValueError, match=r"`config` must be a TuningConfig or None, got dict"):
         MaxThroughputCallback(config={"max_trials": 2})  # type: ignore[arg-type]
 

@@ -100,6 +100,62 @@ def test_a_loader_that_waits_without_cpu_scales_past_the_cores() -> None:
     assert model.max_workers == 32  # 16 per core on 2 cores
 
 
+def test_workers_that_outrun_the_main_process_set_the_loading_and_the_measured_rate_caps_gains(
+) -> None:
+    # The 400-step waiting loader after its first trial, as measured: 0 workers had timed
+    # 3.13 ms a sample (the main process's overhead in it), then 26 workers ran 11,575
+    # samples/s while the step waited on them (each worker 2.25 ms a sample), using 0.6 of a
+    # core between them.
+    ctx = dataclasses.replace(
+        measured(rate=11_575, wait_share=0.6, wait_cpu_share=0.1, process_cores=0.5).context,
+        num_workers=26, loading_s=(3.13e-3, 0.06e-3),
+    )  # fmt: skip
+    window = measured(
+        rate=11_575, wait_share=0.6, wait_cpu_share=0.1, process_cores=0.5, workers=26,
+        worker_cores=0.6 / 26,
+    )  # fmt: skip
+    model = JobModel.from_window(dataclasses.replace(window, context=ctx))
+    assert model is not None
+    # The workers' own time, not the slower one-process figure: the settings in force are
+    # predicted at their measured rate.
+    assert model.load_s == pytest.approx(26 / 11_575, rel=0.01)
+    assert model.predict(26).samples_per_s == pytest.approx(11_575, rel=0.02)
+    # Six more workers: the model's +23 %, never more than the measured rate gives.
+    choice = model.choose()
+    assert choice.gain == pytest.approx(32 / 26 - 1, abs=0.02)
+    # A model that underrates the settings in force (the one-process loading kept, 3.13 ms)
+    # promises 32 workers +80 % over its own 26-worker figure; against the 11,575 measured
+    # that is a loss, and the gain says so.
+    stale = dataclasses.replace(model, load_s=3.13e-3)
+    assert stale.predict(26).samples_per_s < 0.75 * 11_575
+    assert stale.choose().gain < 0
+
+
+def test_steps_slowed_by_the_waits_before_them_do_not_cap_what_workers_give() -> None:
+    # The 400-step waiting loader's baseline as measured: 32 reads of 3.1 ms a batch, and the
+    # step after each wait 11-13 ms (the cores idled through it) but 1.5 ms once, when its
+    # threads were awake; fed from memory the step takes 1.1 ms.
+    slow, fast, wait = 11.6e-3, 1.5e-3, 0.1
+    steps = [slow, slow, fast, slow, slow]
+    window = Window(
+        step_time_s=tuple(wait + c for c in steps),
+        data_wait_s=(wait,) * 5,
+        samples=(32,) * 5,
+        wait_cpu_s=(2.4e-3,) * 5,
+        compute_cpu_s=tuple(c * 0.7 for c in steps),
+        sampler=SamplerSeries(main_cpu_percent=(180.0,) * 5, num_worker_processes=0),
+        context=JobContext(device_type="cpu", num_workers=0, cpus_per_rank=2, intra_op_threads=2),
+    )
+    model = JobModel.from_window(window)
+    assert model is not None
+    assert model.step_s == pytest.approx(fast / 32)
+    # No workers: the steps as they ran, waits and slow steps, reproduced.
+    assert model.predict(0).samples_per_s == pytest.approx(window.samples_per_s, rel=0.01)
+    # Workers keep the step fed: the reads, not the slow steps, set how far they scale.
+    assert model.predict(24).samples_per_s > 2 * 32 / slow
+    assert model.choose().workers >= 16
+
+
 def test_a_step_on_every_core_loses_to_workers_that_load_beside_it() -> None:
     # MobileNetV3 at 96 px (3.3 ms a sample on 2 threads), 1.0 ms of JPEG loading in series
     window = measured(rate=232, wait_share=0.23, wait_cpu_share=1.0, process_cores=1.7)
