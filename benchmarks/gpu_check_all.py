@@ -37,9 +37,10 @@ process on the GPU to the probe, the packer and the strategy planner.
 ``--smoke`` passes ``--smoke`` to every script of the profile (CPU plumbing, tiny sizes):
 ``SMOKE_JOBS`` at a time, longest first, each with one intra-op thread, reported in the
 profile's order; each is forked off one server process that imported torch and Lightning once
-(about half the smoke run's time here), in its own session as above. ``--results-dir DIR`` also keeps each script's output as
-``DIR/gpu_check_<name>.txt``; ``--only inspect,loader`` runs a subset; ``--deadline-s`` changes
-the profile's deadline. The device command is in ``benchmarks/GPU.md``.
+(about half the smoke run's time here), in its own session as above. ``--results-dir DIR``
+also keeps each script's output as ``DIR/gpu_check_<name>.txt``; ``--only inspect,loader``
+runs a subset; ``--deadline-s`` changes the profile's deadline. The device command is in
+``benchmarks/GPU.md``.
 
 Usage: ``PYTHONPATH=. python benchmarks/gpu_check_all.py [--profile compact|full] [--smoke]
 [--out-dir DIR] [--out FILE]``

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 
 _P = ParamSpec("_P")
+PASSED = "keywords_passed"
+"""Where ``__init__`` finds the names its caller passed (set by ``_keywords_recorded``)."""
 
 
 def _keywords_recorded(init: Callable[_P, None]) -> Callable[_P, None]:
@@ -60,7 +62,7 @@ def _keywords_recorded(init: Callable[_P, None]) -> Callable[_P, None]:
 
     @functools.wraps(init)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
-        args[0].__dict__["_passed"] = frozenset(kwargs)
+        args[0].__dict__[PASSED] = frozenset(kwargs)
         init(*args, **kwargs)
 
     return wrapper
@@ -78,12 +80,12 @@ class MaxThroughputCallback(Callback):
     seed fewer from the global RNG per epoch, so a sampler without its own ``generator``
     shuffles later epochs differently, as it would with that setting by hand).
 
-    ``allow="safe"`` adds ``cudnn.benchmark`` on CUDA; ``"all"`` (or names) adds precision,
-    channels_last, TF32, torch.compile, fused optimizer steps and the batch size (grown before
-    training by ``find_batch_size``, LR scaled and warmed up). Each is a trial in the order the
-    diagnosis points to; those that round differently run under a numerics guard that reverts
-    the trial and restores the model's and optimizers' state when a loss or parameter goes
-    non-finite or the loss rises out of the reference's band (``callbacks.guard``).
+    ``allow`` adds the knobs of ``knobs.registry.KNOBS`` (the knobs page of the docs has their
+    table): ``"safe"`` those of the same math, ``"all"`` (or their names) every one, the math
+    changes and the batch size (chosen before training) among them. Each is a trial in the
+    order the diagnosis points to; those that round differently run under a numerics guard that
+    reverts the trial and restores the model's and optimizers' state when a loss or parameter
+    goes non-finite or the loss rises out of the reference's band (``callbacks.guard``).
     Process-wide flags and the Trainer's precision are put back when the fit ends. Under DDP
     rank zero decides and every rank applies the same change at the same step.
 
@@ -193,7 +195,7 @@ class MaxThroughputCallback(Callback):
             "drift_share": drift_share,
             "cost_share": cost_share,
         }
-        self.config = tuning_config(config, keywords, self.__dict__.pop("_passed", ()))
+        self.config = tuning_config(config, keywords, self.__dict__.pop(PASSED, ()))
         self._monitor = BottleneckMonitor(
             self.config.window_steps,
             sampler_interval_s=sampler_interval_s,

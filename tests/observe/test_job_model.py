@@ -100,8 +100,7 @@ def test_a_loader_that_waits_without_cpu_scales_past_the_cores() -> None:
     assert model.max_workers == 32  # 16 per core on 2 cores
 
 
-def test_workers_that_outrun_the_main_process_set_the_loading_and_the_measured_rate_caps_gains(
-) -> None:
+def test_workers_faster_than_one_process_set_the_loading_and_gains_stay_under_measured() -> None:
     # The 400-step waiting loader after its first trial, as measured: 0 workers had timed
     # 3.13 ms a sample (the main process's overhead in it), then 26 workers ran 11,575
     # samples/s while the step waited on them (each worker 2.25 ms a sample), using 0.6 of a
