@@ -4,19 +4,50 @@
   ``metrics_table``.
 - ``<!-- maxtp:callback-arguments -->``: every argument of ``MaxThroughputCallback`` with the
   default its signature holds, rendered by ``callback_arguments_table``.
+- ``<!-- maxtp:knobs -->``: every knob of ``lightning_maxtp.knobs.registry.KNOBS`` from its
+  class's attributes, rendered by ``knobs_table``.
 
-The documentation never holds a copy of either table, so neither can drift from the code.
+The documentation never holds a copy of these tables, so none can drift from the code.
+
+The README is read raw on GitHub, where no hook runs, so its short knob table
+(``readme_knobs_table``) is committed text in a generated region
+(``<!-- maxtp:knobs-readme -->`` ... ``<!-- /maxtp:knobs-readme -->``) that this file, run as
+a script, rewrites in place::
+
+    python docs/hooks.py           # rewrite the README's region if it is stale
+    python docs/hooks.py --check   # exit 1 if it is stale, write nothing (tests/test_docs.py)
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import re
-from typing import Any
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_maxtp.knobs.base import Knob
 
 MARK = "<!-- maxtp:metrics -->"
 ARGUMENTS_MARK = "<!-- maxtp:callback-arguments -->"
+KNOBS_MARK = "<!-- maxtp:knobs -->"
+README_REGION = re.compile(
+    r"(<!-- maxtp:knobs-readme -->)(.*?)(<!-- /maxtp:knobs-readme -->)", re.S
+)
+ROOT = Path(__file__).resolve().parents[1]
+ALWAYS_ROWS = (
+    # Not registry knobs (the loader's own and the main process's threads, tried from the
+    # diagnosis, never from ``allow``): the README names them beside the registry's.
+    (
+        "DataLoader workers, prefetch, pinning, persistence, workers' thread limits",
+        "the train loader, switched mid-epoch without skipping or repeating a sample",
+    ),
+    ("main process's intra-op threads", "CPU devices: sized to the cores the workers leave"),
+)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
@@ -27,6 +58,8 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         markdown = markdown.replace(MARK, metrics_table())
     if ARGUMENTS_MARK in markdown:
         markdown = markdown.replace(ARGUMENTS_MARK, callback_arguments_table())
+    if KNOBS_MARK in markdown:
+        markdown = markdown.replace(KNOBS_MARK, knobs_table())
     return markdown
 
 
@@ -102,3 +135,125 @@ def callback_arguments_table() -> str:
     for name, annotation, default, text in callback_arguments():
         lines.append(f"| `{name}` | `{annotation}` | `{default}` | {_cell(text)} |")
     return "\n".join(lines)
+
+
+def _markdown(text: str) -> str:
+    """A phrase written for a docstring (``literal``) as Markdown (`literal`)."""
+    return text.replace("``", "`")
+
+
+def knob_allow(knob: type[Knob]) -> str:
+    """Which ``allow`` lets ``knob`` be tried, as ``resolve_allow`` decides it."""
+    from lightning_maxtp.tuning.allow import resolve_allow
+
+    text = '`"safe"` (the default)' if knob.name in resolve_allow("safe") else '`"all"` or by name'
+    if knob.name not in resolve_allow((knob.name,), deterministic=True):
+        text += "; off under `deterministic=True`"
+    return text
+
+
+def knob_tried_for(knob: type[Knob]) -> str:
+    """The bottleneck kinds ``knob`` is tried for; ``healthy`` only where ``compute`` is not."""
+    if knob.before_fit:
+        return "before training"
+    # A healthy job (no bottleneck found) tries the knobs a compute-bound one does: one word
+    # fewer in most rows, and the page says so.
+    shown = [k for k in knob.tried_for if k != "healthy" or "compute" not in knob.tried_for]
+    kinds = ", ".join(shown) or "-"
+    return f"{kinds}, when the diagnosis names it" if knob.named_only else kinds
+
+
+def knob_trial(knob: type[Knob], *, short: bool = False) -> str:
+    """Why ``knob`` may pay and how its trial runs, from its class's attributes.
+
+    ``short`` leaves out what the README has no room for (settling, the watch after a keep).
+    """
+    parts = [knob.reason]
+    if knob.devices is not None:  # torch's device types, as the pages name them: CUDA, CPU
+        parts.append(f"{', '.join(sorted(d.upper() for d in knob.devices))} only")
+    if knob.before_fit:
+        parts.append("chosen before training")
+    if knob.named_only and short:  # the full table says so in its "tried for" column
+        parts.append("tried when the diagnosis names it")
+    if knob.guarded:
+        parts.append("under the numerics guard")
+    if knob.watched and not short:
+        parts.append("watched once kept: a later non-finite loss undoes it")
+    if knob.settle_steps and not short:
+        longer = ", longer while a step runs far slower," if knob.settles_until_steady else ""
+        parts.append(
+            f"the {knob.settle_steps} steps after a switch{longer} settle outside the trial's "
+            "windows, counted in the tuning cost"
+        )
+    if knob.min_budget_s:
+        parts.append(f"not tried with under {knob.min_budget_s:g} s of tuning budget left")
+    return "; ".join(parts)
+
+
+def knobs_table() -> str:
+    """Every registry knob as a Markdown table: ``allow``, what changes, when and how tried."""
+    from lightning_maxtp.knobs.registry import KNOBS
+
+    lines = [
+        "| knob | `allow` | what changes | tried for | why it may pay, and the trial |",
+        "|---|---|---|---|---|",
+    ]
+    for knob in KNOBS:
+        cells = (knob_allow(knob), _markdown(knob.changes), knob_tried_for(knob), knob_trial(knob))
+        lines.append(f"| `{knob.name}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_knobs_table() -> str:
+    """The README's short knob table: the loader's and threads' rows, then every registry knob."""
+    from lightning_maxtp.knobs.registry import KNOBS
+
+    lines = ["| knob | `allow` | what it does |", "|---|---|---|"]
+    lines += [f"| {what} | always | {text} |" for what, text in ALWAYS_ROWS]
+    for knob in KNOBS:
+        cells = (knob_allow(knob), knob_trial(knob, short=True))
+        lines.append(f"| `{knob.name}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def render_readme(text: str) -> str:
+    """``text`` (the README) with its knob region rendered again.
+
+    Raises:
+        ValueError: When ``text`` has no knob region.
+    """
+    if not README_REGION.search(text):
+        raise ValueError("no <!-- maxtp:knobs-readme --> region in the README")
+    # Blank lines inside the markers: the table must be a block of its own in Markdown.
+    body = "\n\n" + readme_knobs_table() + "\n\n"
+    return README_REGION.sub(lambda m: m.group(1) + body + m.group(3), text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Rewrite the README's knob region, or with ``--check`` exit 1 when it is stale."""
+    parser = argparse.ArgumentParser(description="Render the README's knob table.")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: here)")
+    args = parser.parse_args(argv)
+    readme = args.root / "README.md"
+    text = readme.read_text()
+    try:
+        new = render_readme(text)
+    except ValueError as err:
+        print(f"hooks: {readme}: {err}", file=sys.stderr)
+        return 2
+    if new == text:
+        return 0
+    if args.check:
+        print("stale: README.md: the knob table; run `python docs/hooks.py`", file=sys.stderr)
+        return 1
+    readme.write_text(new)
+    print("rewrote: README.md: the knob table")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as a script, ``docs/`` is on the path, not the checkout: render this checkout's knobs,
+    # not those of whichever copy of the package is installed.
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -163,3 +163,26 @@ def test_the_not_measured_on_a_gpu_notice_stays_exactly_until_a_gpu_result_exist
                 f"{page.name}: nothing under benchmarks/results/gpu/ yet, so the page must say "
                 f"'{NOT_MEASURED}' (its GPU figures are targets)"
             )
+
+
+def test_the_readmes_knob_table_is_the_one_the_hook_renders_from_the_registry() -> None:
+    # GitHub shows the README raw, so its table is committed text: stale once a knob changes.
+    hooks = _hooks()
+    assert hooks.main(["--check"]) == 0, "stale knob table: run `python docs/hooks.py`"
+    region = hooks.README_REGION.search((ROOT / "README.md").read_text())
+    assert region and "| `compile` |" in region.group(2)
+
+
+def test_the_knob_table_check_fails_when_stale_and_passes_once_rewritten(tmp_path: Path) -> None:
+    hooks = _hooks()
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n\n<!-- maxtp:knobs-readme -->typed by hand<!-- /maxtp:knobs-readme -->\n"
+    )
+    assert hooks.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "typed by hand" in readme.read_text(), "--check writes nothing"
+    assert hooks.main(["--root", str(tmp_path)]) == 0
+    assert hooks.readme_knobs_table() in readme.read_text()
+    assert hooks.main(["--check", "--root", str(tmp_path)]) == 0, "rendering twice changes nothing"
+    readme.write_text("# no region\n")
+    assert hooks.main(["--check", "--root", str(tmp_path)]) == 2

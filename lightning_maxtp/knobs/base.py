@@ -96,6 +96,11 @@ class Knob(Protocol):
     """The name ``allow`` takes, the trials and the report use, and the diagnosis recommends."""
     reason: ClassVar[str]
     """What it is tried for, in the words of a trial's reason."""
+    changes: ClassVar[str]
+    """What it changes on the fit and what is put back when the fit ends, in a phrase (literals
+    in double backticks). The docs' knob table shows it (``docs/hooks.py``) beside what is
+    rendered from the other attributes (the guard, the devices, the budget), so it need not
+    repeat those."""
     preset: ClassVar[Literal["safe", "all"]]
     """``"safe"``: same math, allowed by default; ``"all"``: opt-in (``allow="all"`` or by name)."""
     guarded: ClassVar[bool]
@@ -146,6 +151,7 @@ class BaseKnob:
 
     name: ClassVar[str] = ""
     reason: ClassVar[str] = ""
+    changes: ClassVar[str] = ""
     preset: ClassVar[Literal["safe", "all"]] = "all"
     guarded: ClassVar[bool] = False
     deterministic: ClassVar[bool] = True

@@ -21,6 +21,11 @@ class BatchSize(BaseKnob):
 
     name = "batch_size"
     reason = "the fastest batch the device fits"
+    changes = (
+        '``find_batch_size(global_batch="grow")`` before training: the fastest batch, the '
+        "learning rate scaled and warmed up (reported); needs a loader built from ``batch_size`` "
+        "in ``train_dataloader()``"
+    )
     before_fit = True
 
     @override

@@ -44,6 +44,10 @@ class ChannelsLast(BaseKnob):
 
     name = "channels_last"
     reason = "NHWC layout: convolutions without layout transposes"
+    changes = (
+        "the module's 4-D weights and every batch's 4-D float tensors (NHWC); the weights stay "
+        "as last set when the fit ends"
+    )
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0}
 

@@ -29,6 +29,10 @@ class Compile(BaseKnob):
 
     name = "compile"
     reason = "torch.compile fuses the step's kernels"
+    changes = (
+        "``torch.compile`` in place on the module's submodules, compiled once and kept across "
+        "switches"
+    )
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {
         "compute": 0,

@@ -21,6 +21,7 @@ class CudnnBenchmark(BaseKnob):
 
     name = "cudnn_benchmark"
     reason = "cuDNN picks the fastest convolution kernels for these shapes"
+    changes = "``torch.backends.cudnn.benchmark``, put back when the fit ends"
     preset: ClassVar[Literal["safe", "all"]] = "safe"
     deterministic = False
     devices: ClassVar[frozenset[str] | None] = frozenset({"cuda"})

@@ -33,6 +33,10 @@ class FusedOptimizer(BaseKnob):
 
     name = "fused_optimizer"
     reason = "one fused kernel per optimizer step instead of one per tensor"
+    changes = (
+        f"``fused=True`` on the param groups of {', '.join(FUSED)}; what is kept stays on the "
+        "optimizer when the fit ends"
+    )
     guarded = True
     tried_for: ClassVar[Mapping[str, int]] = {
         "compute": 0,

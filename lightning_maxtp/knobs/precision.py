@@ -25,6 +25,11 @@ class Precision(BaseKnob):
 
     name = "precision"
     reason = "mixed precision: half-size activations and tensor-core math"
+    changes = (
+        "the strategy's precision plugin: ``bf16-mixed`` where the device has bf16 (a CPU too), "
+        "else ``16-mixed`` with a grad scaler; the Trainer's own plugin is put back when the fit "
+        "ends"
+    )
     guarded = True
     watched = True
     tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0, "vram": 0}

@@ -1,13 +1,15 @@
 """The knobs, one line each, and every set the loop derives from them.
 
 Adding a knob: its module (a ``BaseKnob`` subclass), one line in ``KNOBS`` and its name in
-``MathKnob``, a test, and its row in the knob table of ``docs/knobs.md``
-(``tests/knobs/test_registry.py`` keeps the four in agreement). Pure: importing it imports
+``MathKnob``, a test, and a changelog line. The knob tables of ``docs/knobs.md`` and the README
+are rendered from these classes (``docs/hooks.py``), and ``tests/knobs/test_registry.py``
+checks the derived sets by their properties, not by their members. Pure: importing it imports
 neither torch nor lightning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 from lightning_maxtp.knobs.base import Knob
@@ -30,6 +32,7 @@ __all__ = [
     "SAFE",
     "MathKnob",
     "knob_class",
+    "math_order",
 ]
 
 KNOBS: tuple[type[Knob], ...] = (
@@ -44,6 +47,8 @@ KNOBS: tuple[type[Knob], ...] = (
 )
 """Every knob beyond the loader's and the main threads', in the order ties are tried."""
 
+# Spelled out, not derived from KNOBS: type checkers and LightningCLI read a Literal's names
+# statically. The assert below and tests/knobs/test_registry.py keep the two in agreement.
 MathKnob = Literal[
     "precision",
     "channels_last",
@@ -74,14 +79,22 @@ DEVICE_LIMITED: dict[str, frozenset[str]] = {
 """The knobs with an effect on some device types only, and those types."""
 
 
-def _order(kind: str) -> tuple[str, ...]:
-    ranked = [(k.tried_for[kind], i, k.name) for i, k in enumerate(KNOBS) if kind in k.tried_for]
-    return tuple(name for _, _, name in sorted(ranked))
+def math_order(knobs: Sequence[type[Knob]]) -> dict[str, tuple[str, ...]]:
+    """Per bottleneck kind the ``knobs`` declare in ``tried_for``, their names in trial order.
+
+    Lower rank first; equal ranks in the order of ``knobs``.
+    """
+    kinds = sorted({kind for k in knobs for kind in k.tried_for})
+    ranked = {
+        kind: sorted(
+            (k.tried_for[kind], i, k.name) for i, k in enumerate(knobs) if kind in k.tried_for
+        )
+        for kind in kinds
+    }
+    return {kind: tuple(name for _, _, name in ranked[kind]) for kind in kinds}
 
 
-MATH_ORDER: dict[str, tuple[str, ...]] = {
-    kind: _order(kind) for kind in sorted({kind for k in KNOBS for kind in k.tried_for})
-}
+MATH_ORDER: dict[str, tuple[str, ...]] = math_order(KNOBS)
 """Per bottleneck kind, the knobs that can pay, in the order they are tried (data-bound kinds:
 none; the device waits on the loader, so faster math cannot show)."""
 

@@ -21,6 +21,10 @@ class Tf32(BaseKnob):
 
     name = "tf32"
     reason = "TF32 matmuls and convolutions on tensor cores"
+    changes = (
+        '``torch.set_float32_matmul_precision("high")`` and cuDNN\'s TF32 flag, both put back '
+        "when the fit ends"
+    )
     guarded = True
     devices: ClassVar[frozenset[str] | None] = frozenset({"cuda"})
     tried_for: ClassVar[Mapping[str, int]] = {"compute": 0, "healthy": 0}

@@ -78,9 +78,8 @@ class TuningConfig:
     off by default); the same as ``"batch_size"`` in ``allow``."""
     allow: Allow = "safe"
     """The knobs beyond the loader's the loop may try: ``"safe"`` (same math), ``"all"``, or a
-    tuple of names from ``("precision", "channels_last", "tf32", "cudnn_benchmark", "compile",
-    "fused_optimizer", "gc", "batch_size")``. Those not allowed stay recommendations in the
-    report."""
+    tuple of knob names (``knobs.registry.MATH_KNOBS``; the knobs page of the docs has their
+    table). Those not allowed stay recommendations in the report."""
     monitor_window_steps: int = 100
     """Window length after tuning (cheap monitoring)."""
     drift_share: float = 0.2
