@@ -176,6 +176,10 @@ def test_tuning_is_pure() -> None:
                 names = [node.module]
             heavy = [n for n in names if n.split(".")[0] in ("torch", "lightning")]
             assert not heavy, f"{module} imports {heavy}"
+            # ...and reads no clock: ``now`` comes in as data, so the same inputs decide the
+            # same (tests/tuning/test_tuning_loop.py holds that property).
+            clock = [n for n in names if n == "time" or n.startswith("time.")]
+            assert not clock, f"{module} imports {clock}: take `now` as an argument"
 
 
 @pytest.mark.parametrize("subpackage", [p for p in SUBPACKAGES if p != "callbacks"])

@@ -189,7 +189,9 @@ class Tuner:
     def summary(self) -> TuningSummary:
         """What the loop did (live while the fit runs)."""
         rate = combined_rate(in_force(self.loop, self.final)[0])
-        return self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
+        return self.loop.summary(
+            self._settings(), tuple(self.notes), rate, self._cost(), now=time.perf_counter()
+        )
 
     def _cost(self) -> TuningCost:
         cost = dataclasses.replace(self.cost, lost_s=sum(t.lost_s for t in self.trials))
@@ -309,7 +311,8 @@ class Tuner:
                 self.monitor.restart_window()
         # Settle steps count once the old workers drained their in-flight batches
         # (deterministic, so every DDP rank closes its window at the same step).
-        if self.loop.on_step(switched=self.loader is not None and self.loader.switched):
+        switched = self.loader is not None and self.loader.switched
+        if self.loop.on_step(switched=switched, now=time.perf_counter()):
             self._charge_switch()
             self.monitor.restart_window()
             self.guard.clear()
@@ -468,7 +471,7 @@ class Tuner:
             steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
             self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
         self._charge_switch()  # the fit ended before a switch's settle steps did
-        trial = self.loop.end(self.math_trials.closing_check())
+        trial = self.loop.end(now=time.perf_counter(), guard=self.math_trials.closing_check())
         if trial is not None:
             self._finish_trial(trial)
         self.knobs.threads.restore()  # process state: the next fit starts as this one did
@@ -507,7 +510,7 @@ class Tuner:
             loop.skipped.clear()
             change = loop.next_try(tuple(found), settings, device_type=device)
             change = None if change is None else self._sized(change, window)
-            if change is not None and not loop.time_left():
+            if change is not None and not loop.time_left(time.perf_counter()):
                 change = None
             if change is not None and not self._affordable(change, settings):
                 self._unpaid(change, settings, once=True)
@@ -517,7 +520,7 @@ class Tuner:
         if change is None:
             return
         self.final.pop()  # the window becomes the reference
-        loop.resume(window, found)
+        loop.resume(window, found, now=time.perf_counter())
         self.monitor.window_steps = self.window_steps
         self._tuning_span.append(self.monitor.elapsed_s())
         self.say(f"one more trial after tuning: {top_line(found)}")
@@ -559,7 +562,9 @@ class Tuner:
         """
         final, found = in_force(self.loop, self.final, report)
         rate = combined_rate(final)
-        tuning = self.loop.summary(self._settings(), tuple(self.notes), rate, self._cost())
+        tuning = self.loop.summary(
+            self._settings(), tuple(self.notes), rate, self._cost(), now=time.perf_counter()
+        )
         notes = [*report.notes, *str(tuning).split("\n")[:2], *(str(t) for t in self.trials)]
         return dataclasses.replace(
             report,
@@ -661,7 +666,9 @@ class Tuner:
         unpaid = ""
         self.loop.skipped.clear()  # the budget may pay now for what it could not before
         while True:
-            decision = self.loop.decide(settings, device_type=device, plan=plan, math=math_knob)
+            decision = self.loop.decide(
+                settings, device_type=device, now=time.perf_counter(), plan=plan, math=math_knob
+            )
             proposed = decision
             if isinstance(decision, Try) and decision is not plan and decision is not math_knob:
                 sized = self._sized(decision)
@@ -934,7 +941,7 @@ class Tuner:
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over (``TuningLoop.stop``): from now on the fit is only monitored."""
-        self.loop.stop(reason, converged=converged)
+        self.loop.stop(reason, now=time.perf_counter(), converged=converged)
         if len(self._tuning_span) % 2:
             self._tuning_span.append(self.monitor.elapsed_s())
         steps = self.config.monitor_window_steps

@@ -21,7 +21,6 @@ settings tried are one state that every step, window and decision reads and chan
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -201,16 +200,18 @@ class TuningLoop:
         """Whether tuning ended (the loop only monitors now)."""
         return self.phase == "monitor"
 
-    def on_step(self, *, switched: bool) -> bool:
+    def on_step(self, *, switched: bool, now: float) -> bool:
         """Count a finished training step; ``True`` when a measured window starts here.
 
         Args:
             switched: Whether the loader already serves batches with the requested settings
                 (the settle steps count only from then on).
+            now: The caller's clock (``time.perf_counter()``): tuning's time starts here when
+                the warm-up ends. The loop reads no clock, so the same inputs decide the same.
         """
         self.steps += 1
         if self.phase == "warmup" and self.steps >= self.warmup_steps:
-            self._t_start = time.perf_counter()
+            self._t_start = now
             self.phase = "baseline"
             return True
         if self.phase == "settle" and switched:
@@ -487,6 +488,7 @@ class TuningLoop:
         settings: dict[str, Any],
         *,
         device_type: str,
+        now: float,
         plan: Try | Ask | None = None,
         math: Try | Ask | None = None,
     ) -> Decision:
@@ -499,6 +501,7 @@ class TuningLoop:
         Args:
             settings: The loader's settings now in force.
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
+            now: The caller's clock, for ``time_budget_s``.
             plan: ``ASK`` to have the loader measured alone when the reference is data-bound
                 and its diagnosis may change the workers by itself; then the trial that
                 measurement proposes, or ``None`` (none, or not wanted).
@@ -515,7 +518,7 @@ class TuningLoop:
             return plan
         if len(self.trials) >= self.config.max_trials:
             return Stop(f"max_trials={self.config.max_trials} reached")
-        if not self.time_left():
+        if not self.time_left(now):
             return Stop(f"time_budget_s={self.config.time_budget_s:g} spent")
         found = self.ref_found
         if plan is ASK and found and found[0].kind.value in DATA_KINDS and _wants_workers(found):
@@ -584,12 +587,12 @@ class TuningLoop:
                 return (1 + expected) * ratio - 1
         return expected
 
-    def time_left(self) -> bool:
-        """Whether ``time_budget_s`` still lets a trial start."""
-        elapsed = time.perf_counter() - (self._t_start or time.perf_counter())
+    def time_left(self, now: float) -> bool:
+        """Whether ``time_budget_s`` still lets a trial start at ``now`` (the caller's clock)."""
+        elapsed = now - (now if self._t_start is None else self._t_start)
         return elapsed < self.config.time_budget_s
 
-    def resume(self, window: Window, found: tuple[Diagnosis, ...]) -> None:
+    def resume(self, window: Window, found: tuple[Diagnosis, ...], *, now: float) -> None:
         """Tuning resumes after it stopped: ``window``, measured since, names a change not tried.
 
         The window becomes the reference; start the trial next (``start``). Its time and steps
@@ -597,13 +600,14 @@ class TuningLoop:
         """
         assert self.finished and self._trial is None
         self.ref, self.ref_found = window, found
-        self._resumed = (time.perf_counter(), self.steps)
+        self._resumed = (now, self.steps)
 
-    def stop(self, reason: str, *, converged: bool | None = None) -> None:
+    def stop(self, reason: str, *, now: float, converged: bool | None = None) -> None:
         """Tuning is over: from now on the loop only monitors.
 
         Args:
             reason: Why, for the report.
+            now: The caller's clock: tuning's time ends here.
             converged: Whether nothing was left to try (default: read from ``reason``); only
                 converged settings are carried into a checkpoint or the next fit, not those of
                 tuning cut short by a budget.
@@ -614,21 +618,23 @@ class TuningLoop:
         # Tuning had converged before one more trial; a budget that stops it after that trial
         # leaves settings as worth carrying as they were.
         self.converged = self.converged or resumed_converged
-        self._close()
+        self._close(now)
 
-    def _close(self) -> None:
+    def _close(self, now: float) -> None:
         if self._resumed is not None and self._tuning_s is not None:
             resumed_at, steps = self._resumed
-            self._tuning_s += time.perf_counter() - resumed_at
+            self._tuning_s += now - resumed_at
             self._tuning_steps = (self._tuning_steps or 0) + self.steps - steps
             self._resumed = None
         if self._tuning_s is None:
             started = self._t_start
-            self._tuning_s = 0.0 if started is None else time.perf_counter() - started
+            self._tuning_s = 0.0 if started is None else now - started
             self._tuning_steps = max(0, self.steps - self.warmup_steps)
 
-    def end(self, guard: Any = None) -> KnobTrial | None:
-        """The fit ended: tuning time and steps are fixed even if tuning did not finish.
+    def end(self, *, now: float, guard: Any = None) -> KnobTrial | None:
+        """The fit ended at ``now`` (the caller's clock): tuning's time and steps are fixed.
+
+        Even when tuning did not finish.
 
         Returns:
             A trial the fit ended in the middle of, recorded as ``unfinished`` (``guarded``
@@ -648,7 +654,7 @@ class TuningLoop:
                 f"tuning needs at least {need} ({self.warmup_steps} warm-up + "
                 f"{self.config.window_steps} baseline)"
             )
-        self._close()
+        self._close(now)
         return unfinished
 
     def summary(
@@ -657,6 +663,8 @@ class TuningLoop:
         notes: tuple[str, ...],
         tuned_samples_per_s: float | None = None,
         cost: TuningCost | None = None,
+        *,
+        now: float,
     ) -> TuningSummary:
         """What the loop did so far.
 
@@ -666,10 +674,11 @@ class TuningLoop:
             tuned_samples_per_s: The rate under the settings in force (default: the reference
                 window's).
             cost: What tuning cost, for the summary.
+            now: The caller's clock, for the time of tuning still under way.
         """
         tuning_s, steps = self._tuning_s, self._tuning_steps
         if tuning_s is None:
-            tuning_s = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+            tuning_s = now - self._t_start if self._t_start is not None else 0.0
             steps = max(0, self.steps - self.warmup_steps)
         return TuningSummary(
             trials=tuple(self.trials),

@@ -32,7 +32,7 @@ SETTINGS = {"num_workers": 3, "prefetch_factor": 2, "pin_memory": False,
 def test_only_converged_tuning_is_carried(reason: str, converged: bool) -> None:
     config = TuningConfig(warmup_steps=1, settle_steps=1, max_trials=3, time_budget_s=300.0)
     loop = TuningLoop(config)
-    loop.stop(reason)
+    loop.stop(reason, now=0.0)
     assert loop.converged is converged
 
 

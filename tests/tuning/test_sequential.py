@@ -119,7 +119,7 @@ def _loop() -> TuningLoop:
 def test_the_loop_reverts_a_trial_cut_short_after_its_first_steps() -> None:
     lp = _loop()
     lp.start("num_workers", {"num_workers": 4}, {"num_workers": 2}, "why", step=10)
-    lp.on_step(switched=True)
+    lp.on_step(switched=True, now=0.0)
     assert lp.phase == "trial" and lp.losing([0.13] * 4, [32] * 4)
     lp.cut_short()
     short = _window([0.13] * 4)
@@ -131,7 +131,7 @@ def test_the_loop_reverts_a_trial_cut_short_after_its_first_steps() -> None:
 def test_the_loop_keeps_a_confirmed_prediction_after_one_pair() -> None:
     lp = _loop()
     lp.start("loader plan", {"num_workers": 0}, {"num_workers": 1}, "why", 10, expected_gain=0.85)
-    lp.on_step(switched=True)
+    lp.on_step(switched=True, now=0.0)
     fast = _window([s / 1.9 for s in REF], wait_share=0.01)
     assert lp.judge(fast) == "kept"
     trial = lp.advance("kept", fast, ())

@@ -53,18 +53,20 @@ def loop(**kwargs: Any) -> TuningLoop:
 def measure(lp: TuningLoop, step_ms: float, found: tuple[Diagnosis, ...]) -> object:
     """Settle, measure one trial window of ``step_ms`` steps, act on the loop's own verdict."""
     assert lp.phase == "settle"
-    assert lp.on_step(switched=False) is False  # settle steps count once the switch happened
-    assert lp.on_step(switched=True) is True and lp.phase == "trial" and lp.measuring
+    assert (
+        lp.on_step(switched=False, now=0.0) is False
+    )  # settle steps count once the switch happened
+    assert lp.on_step(switched=True, now=0.0) is True and lp.phase == "trial" and lp.measuring
     w = window(step_ms)
     return lp.advance(lp.judge(w), w, found)
 
 
 def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     lp = loop()
-    assert [lp.on_step(switched=False) for _ in range(2)] == [False, True]
+    assert [lp.on_step(switched=False, now=0.0) for _ in range(2)] == [False, True]
     assert lp.phase == "baseline" and lp.measuring
     lp.record_baseline(window(100.0), data_bound())
-    change = lp.decide(SETTINGS, device_type="cpu")
+    change = lp.decide(SETTINGS, device_type="cpu", now=0.0)
     assert change == Try("num_workers", {"num_workers": 1}, "a worker overlaps loading")
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=12)
     assert lp.phase == "settle" and not lp.measuring
@@ -89,11 +91,11 @@ def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     banked = 10 * (1 - 50 / 100) + 10 * (1 - 52 / 100) + 10 * (1 - 98 / 100)
     assert lp.banked_steps == pytest.approx(banked) and lp.kept_at == lp.steps
     settings = SETTINGS | {"num_workers": 1, "prefetch_factor": 2}
-    assert lp.decide(settings, device_type="cpu") == Stop(
+    assert lp.decide(settings, device_type="cpu", now=0.0) == Stop(
         "no auto-applicable knob left for the compute bottleneck"
     )
-    lp.stop("done")
-    summary = lp.summary(settings, ())
+    lp.stop("done", now=0.0)
+    summary = lp.summary(settings, (), now=0.0)
     assert summary.finished and summary.speedup is not None and summary.speedup > 1.9
 
 
@@ -128,8 +130,8 @@ def test_a_large_gain_left_undecided_by_a_slow_window_gets_a_third_pair() -> Non
 
 def test_after_a_revert_the_reference_window_decides_not_the_reverted_trial() -> None:
     lp = loop()
-    lp.on_step(switched=False)
-    lp.on_step(switched=False)
+    lp.on_step(switched=False, now=0.0)
+    lp.on_step(switched=False, now=0.0)
     lp.record_baseline(window(100.0), data_bound())
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=12)
     # The trial window was slower and (with a worker competing for the CPUs) looked compute
@@ -139,7 +141,7 @@ def test_after_a_revert_the_reference_window_decides_not_the_reverted_trial() ->
     trial = measure(lp, 102.0, compute())
     assert isinstance(trial, KnobTrial)
     assert not trial.kept and trial.windows == 2 and ("num_workers", "1") in lp.tried
-    reason = lp.decide(SETTINGS, device_type="cpu")
+    reason = lp.decide(SETTINGS, device_type="cpu", now=0.0)
     assert reason == Stop("no auto-applicable knob left for the data_pipeline bottleneck")
     # prefetch needs workers: it is neither tried nor left in the report for a 0-worker loader.
     left = remaining(data_bound(), lp.tried, SETTINGS)[0].recommendations
@@ -154,10 +156,10 @@ def test_a_fit_that_ends_mid_trial_records_it_as_unfinished() -> None:
     lp.record_baseline(window(100.0), data_bound())
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=12)
     assert measure(lp, 50.0, compute()) is None  # re-measuring: the fit ends here
-    trial = lp.end()
+    trial = lp.end(now=0.0)
     assert trial is not None and (trial.verdict, trial.kept) == ("unfinished", False)
-    assert lp.summary(SETTINGS, ()).stop_reason == "the fit ended during a trial"
-    assert lp.end() is None
+    assert lp.summary(SETTINGS, (), now=0.0).stop_reason == "the fit ended during a trial"
+    assert lp.end(now=0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -189,23 +191,23 @@ def test_judge_reads_alternating_windows(rates: list[float], expected: tuple[str
 def test_limits_stop_the_loop_and_the_user_worker_cap_applies() -> None:
     lp = loop(max_trials=0)
     lp.record_baseline(window(100.0), data_bound())
-    assert lp.decide(SETTINGS, device_type="cpu") == Stop("max_trials=0 reached")
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0) == Stop("max_trials=0 reached")
     capped = loop(max_workers=0)
     capped.record_baseline(window(100.0), data_bound())
-    assert capped.decide(SETTINGS, device_type="cpu") == Stop(
+    assert capped.decide(SETTINGS, device_type="cpu", now=0.0) == Stop(
         "no auto-applicable knob left for the data_pipeline bottleneck"
     )
     plan = Try("loader plan", {"num_workers": 4}, "4 workers reach the target")
     planned = loop()
     planned.record_baseline(window(100.0), data_bound())
     # Data-bound: the loop asks for the loader measured alone, then tries what it proposes.
-    assert planned.decide(SETTINGS, device_type="cpu", plan=ASK) == MeasureLoader()
-    assert planned.decide(SETTINGS, device_type="cpu", plan=plan) == plan
-    nothing = planned.decide(SETTINGS, device_type="cpu", plan=None)  # it proposed nothing
+    assert planned.decide(SETTINGS, device_type="cpu", now=0.0, plan=ASK) == MeasureLoader()
+    assert planned.decide(SETTINGS, device_type="cpu", now=0.0, plan=plan) == plan
+    nothing = planned.decide(SETTINGS, device_type="cpu", now=0.0, plan=None)  # it proposed nothing
     assert nothing == Try("num_workers", {"num_workers": 1}, "a worker overlaps loading")
     unplanned = loop()
     unplanned.record_baseline(window(100.0), compute())  # not data-bound: no loader measurement
-    assert unplanned.decide(SETTINGS, device_type="cpu", plan=ASK) == Stop(
+    assert unplanned.decide(SETTINGS, device_type="cpu", now=0.0, plan=ASK) == Stop(
         "no auto-applicable knob left for the compute bottleneck"
     )
 
@@ -213,15 +215,15 @@ def test_limits_stop_the_loop_and_the_user_worker_cap_applies() -> None:
 def test_math_knobs_are_asked_for_only_when_no_loader_knob_is_left() -> None:
     lp = loop()
     lp.record_baseline(window(100.0), compute())
-    assert lp.decide(SETTINGS, device_type="cpu", math=ASK) == AskMath("compute")
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, math=ASK) == AskMath("compute")
     bf16 = Try("precision", {"precision": "bf16-mixed"}, "compute bottleneck: mixed precision")
-    assert lp.decide(SETTINGS, device_type="cpu", math=bf16) == bf16
-    assert lp.decide(SETTINGS, device_type="cpu", math=None) == Stop(
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, math=bf16) == bf16
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, math=None) == Stop(
         "no auto-applicable knob left for the compute bottleneck"
     )
     data = loop()
     data.record_baseline(window(100.0), data_bound())  # a loader knob is left: no question
-    assert isinstance(data.decide(SETTINGS, device_type="cpu", math=ASK), Try)
+    assert isinstance(data.decide(SETTINGS, device_type="cpu", now=0.0, math=ASK), Try)
     assert Stop("x").to_dict() == {"reason": "x"} and bf16.to_dict()["knob"] == "precision"
 
 
@@ -235,7 +237,7 @@ def compute_with_busy_workers(workers: int) -> tuple[Diagnosis, ...]:
 def test_fewer_workers_are_tried_past_the_users_cap_and_never_back_once_kept() -> None:
     lp = loop(max_workers=2)  # the cap limits growth only: 4 -> 2 is tried with it
     lp.record_baseline(window(100.0), compute_with_busy_workers(4))
-    change = lp.decide(SETTINGS | {"num_workers": 4}, device_type="cpu")
+    change = lp.decide(SETTINGS | {"num_workers": 4}, device_type="cpu", now=0.0)
     assert change == Try("num_workers", {"num_workers": 2}, "workers take the CPUs")
     lp.start("num_workers", {"num_workers": 4}, {"num_workers": 2}, "why", step=12)
     measure(lp, 70.0, compute())
@@ -252,7 +254,7 @@ def test_fewer_workers_are_tried_past_the_users_cap_and_never_back_once_kept() -
         ),
     )
     lp.ref_found = more
-    assert isinstance(lp.decide(SETTINGS | {"num_workers": 2}, device_type="cpu"), Stop)
+    assert isinstance(lp.decide(SETTINGS | {"num_workers": 2}, device_type="cpu", now=0.0), Stop)
 
 
 def test_automatic_changes_the_loop_did_not_try_say_why_in_the_report() -> None:
@@ -273,7 +275,7 @@ def test_a_trial_carries_the_gain_its_recommendation_predicts() -> None:
     lp.record_baseline(
         window(100.0), (Diagnosis(BottleneckKind.STORAGE, 0.9, "reads", recommendations=(rec,)),)
     )
-    assert lp.decide(SETTINGS, device_type="cpu") == Try(
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0) == Try(
         "num_workers", {"num_workers": 2}, "reads wait", 1.3
     )
 
@@ -283,9 +285,9 @@ def test_a_loader_plan_does_not_bring_back_settings_measured_slower() -> None:
     lp.record_baseline(window(100.0), data_bound())
     lp.tried = {("num_workers", "4")}  # a kept 4 -> 0 trial replaced them
     plan = Try("loader plan", {"num_workers": 4, "prefetch_factor": 4}, "measured alone")
-    assert lp.decide(SETTINGS, device_type="cpu", plan=plan) != plan
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, plan=plan) != plan
     other = Try("loader plan", {"num_workers": 2, "prefetch_factor": 4}, "measured alone")
-    assert lp.decide(SETTINGS, device_type="cpu", plan=other) == other
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, plan=other) == other
 
 
 def test_a_capped_worker_change_already_tried_is_not_offered_again() -> None:
@@ -301,14 +303,14 @@ def test_a_capped_worker_change_already_tried_is_not_offered_again() -> None:
 def test_tuning_that_converged_stays_converged_after_one_more_trial_stopped_by_a_budget() -> None:
     lp = loop()
     lp.record_baseline(window(100.0), compute())
-    lp.stop("no auto-applicable knob left for the compute bottleneck")
+    lp.stop("no auto-applicable knob left for the compute bottleneck", now=0.0)
     assert lp.converged and lp.finished
-    lp.resume(window(100.0), data_bound())
+    lp.resume(window(100.0), data_bound(), now=0.0)
     assert lp.ref_found == data_bound()
     lp.start("num_workers", {"num_workers": 0}, {"num_workers": 1}, "why", step=40)
     trial = measure(lp, 50.0, compute())  # looks like a gain: re-measured...
     assert trial is None
-    lp.stop("tuning cost budget spent: 1.0 s of 1.0 s")  # ...but the budget ends it
+    lp.stop("tuning cost budget spent: 1.0 s of 1.0 s", now=0.0)  # ...but the budget ends it
     assert lp.converged, "the settings before the extra trial had converged"
 
 
@@ -321,11 +323,11 @@ def test_a_modelled_change_is_tried_at_once_and_one_the_judge_could_not_keep_is_
     two = Recommendation("num_workers", 0, 2, "the job model predicts", True, expected_gain=0.8)
     # A prediction replaces measuring the loader alone: no MeasureLoader is asked for.
     lp.record_baseline(window(100.0), predicted(two))
-    change = lp.decide(SETTINGS, device_type="cpu", plan=ASK)
+    change = lp.decide(SETTINGS, device_type="cpu", now=0.0, plan=ASK)
     assert change == Try("num_workers", {"num_workers": 2}, "the job model predicts", 0.8)
     # Without a prediction the loader is measured alone first, as before.
     lp.record_baseline(window(100.0), data_bound())
-    assert lp.decide(SETTINGS, device_type="cpu", plan=ASK) == MeasureLoader()
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, plan=ASK) == MeasureLoader()
     # A predicted +12 %: two pairs keep 15 % at the least, so it is not worth a trial.
     small = Recommendation("num_workers", 0, 1, "barely", True, expected_gain=0.12)
     lp.record_baseline(window(100.0), predicted(small, two))
@@ -396,26 +398,48 @@ def test_a_compiles_settle_goes_on_while_its_steps_still_compile() -> None:
     from lightning_maxtp.tuning.tuning_loop import MAX_EXTRA_SETTLE, STILL_SETTLING
 
     lp = loop(settle_steps=2)
-    assert [lp.on_step(switched=False) for _ in range(2)] == [False, True]
+    assert [lp.on_step(switched=False, now=0.0) for _ in range(2)] == [False, True]
     lp.record_baseline(window(50.0), compute())
     lp.start("compile", {"compile": False}, {"compile": True}, "fuses kernels", step=12)
     assert lp.settle_left == 2 and not lp.settle_longer(30.0)  # only at the last one
-    assert lp.on_step(switched=True) is False and lp.settle_left == 1
+    assert lp.on_step(switched=True, now=0.0) is False and lp.settle_left == 1
     # A 30 s compile step, then a recompile: two more settle steps; a step near the
     # reference's 50 ms again ends the settle and the window starts.
     for slow_s in (30.0, 4.0):
         assert lp.settle_longer(slow_s)
         lp.extend_settle()
-        assert lp.on_step(switched=True) is False and lp.settle_left == 1
+        assert lp.on_step(switched=True, now=0.0) is False and lp.settle_left == 1
     assert not lp.settle_longer(STILL_SETTLING * 0.05 * 0.9)
-    assert lp.on_step(switched=True) is True and lp.phase == "trial"
+    assert lp.on_step(switched=True, now=0.0) is True and lp.phase == "trial"
     # A model that recompiles at every step is measured as it is after MAX_EXTRA_SETTLE.
     lp2 = loop(settle_steps=1)
-    [lp2.on_step(switched=False) for _ in range(2)]
+    [lp2.on_step(switched=False, now=0.0) for _ in range(2)]
     lp2.record_baseline(window(50.0), compute())
     lp2.start("compile", {"compile": False}, {"compile": True}, "fuses kernels", step=12)
     for _ in range(MAX_EXTRA_SETTLE):
         assert lp2.settle_longer(30.0)
         lp2.extend_settle()
-        assert lp2.on_step(switched=True) is False
+        assert lp2.on_step(switched=True, now=0.0) is False
     assert not lp2.settle_longer(30.0)
+
+
+def test_decide_is_a_function_of_its_inputs_the_clock_one_of_them() -> None:
+    # Two loops fed the same windows decide the same, however long apart they are asked;
+    # ``time_budget_s`` counts on the caller's clock from the end of the warm-up.
+    def fed() -> TuningLoop:
+        lp = loop(time_budget_s=10.0)
+        [lp.on_step(switched=False, now=100.0) for _ in range(2)]
+        lp.record_baseline(window(100.0), data_bound())
+        return lp
+
+    first, second = fed(), fed()
+    for now in (100.0, 109.9):
+        assert first.decide(SETTINGS, device_type="cpu", now=now) == second.decide(
+            SETTINGS, device_type="cpu", now=now
+        )
+        assert isinstance(first.decide(SETTINGS, device_type="cpu", now=now), Try)
+    assert first.decide(SETTINGS, device_type="cpu", now=110.0) == Stop("time_budget_s=10 spent")
+    assert first.time_left(109.9) and not first.time_left(110.0)
+    first.stop("done", now=104.0)
+    assert first.summary(SETTINGS, (), now=500.0).tuning_s == 4.0  # fixed when it stopped
+    assert second.summary(SETTINGS, (), now=103.0).tuning_s == 3.0  # still under way
