@@ -337,8 +337,7 @@ class MaxThroughputCallback(Callback):
         # Lightning does not call ``teardown`` after an exception: process state goes back
         # here, and the workers of the loader this callback switched stop (Lightning shuts
         # down only the iterators it holds; the switched loader's would outlive the fit).
-        self._tuner.knobs.threads.restore()
-        self._tuner.math.restore()
+        self._tuner.restore()
         if self._tuner.loader is not None:
             self._tuner.loader.shutdown()
 
@@ -432,7 +431,6 @@ class MaxThroughputCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._monitor.teardown(trainer, pl_module, stage)
         if stage == "fit":
-            self._tuner.knobs.threads.restore()  # a fit that failed still puts them back
-            self._tuner.math.restore()
+            self._tuner.restore()  # a fit that failed still puts them back
         if stage == "fit" and self._tuner.loader is not None:
             self._tuner.loader.shutdown()

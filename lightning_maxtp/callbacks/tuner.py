@@ -474,7 +474,15 @@ class Tuner:
         trial = self.loop.end(now=time.perf_counter(), guard=self.math_trials.closing_check())
         if trial is not None:
             self._finish_trial(trial)
-        self.knobs.threads.restore()  # process state: the next fit starts as this one did
+        self.restore()
+
+    def restore(self) -> None:
+        """Put the process state back (main threads, math flags).
+
+        The next fit starts as this one did. Idempotent: the fit's end, an exception and the
+        teardown all call it.
+        """
+        self.knobs.threads.restore()
         self.math.restore()
 
     def monitored(
