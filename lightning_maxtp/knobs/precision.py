@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lightning_maxtp._compat.torch_modules import steps_with_amp_scaling
 from lightning_maxtp.knobs.base import BaseKnob, FitView, NotOffered, Offer
+from lightning_maxtp.observe.recommend import bf16_native
 
 __all__ = ["Precision"]
 
@@ -76,8 +77,10 @@ class Precision(BaseKnob):
     def _proposal(device: str) -> str:
         import torch
 
-        if device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-            return "16-mixed"
+        if device == "cuda":
+            major, minor = torch.cuda.get_device_capability()
+            if not bf16_native(f"{major}.{minor}"):  # the diagnosis's rule, not a second one
+                return "16-mixed"
         return "bf16-mixed"
 
     @override

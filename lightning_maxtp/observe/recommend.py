@@ -240,14 +240,29 @@ def leaner_loader(window: Window) -> list[Recommendation]:
     return recs
 
 
-def bf16_ok(ctx: JobContext) -> bool:
-    """Whether the GPU supports bf16 (compute capability >= 8.0)."""
-    if ctx.compute_capability is None:
+BF16_CAPABILITY = (8, 0)
+"""The compute capability from which a CUDA device has bf16 in hardware (Ampere on); below it
+torch emulates bf16, slower than fp16 with a grad scaler."""
+
+
+def bf16_native(compute_capability: str | None) -> bool:
+    """Whether a CUDA device of this compute capability (``"8.0"``) has bf16 in hardware.
+
+    The one bf16 rule: the diagnosis's recommendation and the ``precision`` knob's proposal
+    both read it. ``None`` or unreadable: no.
+    """
+    if compute_capability is None:
         return False
     try:
-        return float(ctx.compute_capability) >= 8.0
+        major, minor = (int(part) for part in compute_capability.split(".")[:2])
     except ValueError:
         return False
+    return (major, minor) >= BF16_CAPABILITY
+
+
+def bf16_ok(ctx: JobContext) -> bool:
+    """Whether the job's GPU has bf16 in hardware (``bf16_native``)."""
+    return bf16_native(ctx.compute_capability)
 
 
 def precision(ctx: JobContext, why: str) -> Recommendation | None:
