@@ -16,10 +16,8 @@ private attribute of an object it does not own; ``tests/test_layout.py`` checks 
   (switching loader knobs mid-fit, measuring loaders).
 * ``torch_modules``: in-place compiled modules, fused optimizer kernels, LR scheduler marks and
   ``GradScaler`` state (the math knobs and the training-state snapshot).
-* ``ray_streams``: reading a Ray streaming task's next output without waiting (``maxtp pack
-  --backend ray``).
 
-Importing it imports neither torch, lightning nor Ray (``lightning_strategy`` imports the first
+Importing it imports neither torch nor lightning (``lightning_strategy`` imports the first
 two, when imported).
 """
 

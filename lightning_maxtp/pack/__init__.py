@@ -3,10 +3,11 @@
 A job is a ``spec`` (from a ``jobs_file`` or code); ``placement`` is the pure planner (which job
 starts where, what waits and why); ``plan`` and ``results`` are the plain results with their
 text; ``runner`` starts jobs as capacity frees up, through ``proc`` (one process group per job),
-with ``progress`` (event and status lines, logs) and ``signals`` (Ctrl-C stops every job).
-``backend="ray"``: ``ray_placement`` plans each job's Ray task (pure), ``ray_cluster`` connects
-and reads the cluster, ``ray_runner`` submits the tasks and gathers what ``ray_task`` (run on
-the node) streams back. Importing it imports neither torch, lightning nor Ray.
+with ``progress`` (event and status lines, and ``Book``: the one results path of both backends)
+and ``signals`` (Ctrl-C stops every job). ``backend="ray"``: ``ray_placement`` plans each job's
+Ray task (pure), ``ray_cluster`` connects and reads the cluster, ``ray_runner`` runs each job as
+a Ray task (Ray's scheduling, retries, driver logging and cancellation). Importing it imports
+neither torch, lightning nor Ray.
 """
 
 from lightning_maxtp.pack.jobs_file import load_jobs, parse_jobs

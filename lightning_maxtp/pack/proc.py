@@ -1,8 +1,16 @@
 """Child processes of ``maxtp pack``: start one job in its own session, sample, reap, kill.
 
-Each job runs in a new session (``start_new_session=True``), so killing its process group stops
-the shell, the trainer and its DataLoader workers together; psutil's view of the tree catches
-descendants that moved to a session of their own.
+The local runner and the Ray task (on its node) run each job through these. Each job runs in a
+new session (``start_new_session=True``), so killing its process group stops the shell, the
+trainer and its DataLoader workers together; psutil's view of the tree catches descendants that
+moved to a session of their own. A job's output goes straight from the kernel into its log
+(the log file is the child's stdout), so there is no capture code to replace.
+
+Not a process pool (``concurrent.futures``, ``multiprocessing.Pool``): a pool runs Python
+callables in worker processes it reuses, while a job here is a command whose whole process tree
+must end with it, so the pool would only add a process between us and each job. Measured (a
+shared two-CPU VM, ``/bin/true`` jobs, median of 5 rounds of 20): 0.62 ms per job with one
+``Popen`` each, 0.89 ms per job through ``ProcessPoolExecutor(2)`` running ``subprocess.run``.
 """
 
 from __future__ import annotations
@@ -34,10 +42,8 @@ class Tree:
     """The tree's root process."""
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     peak_rss_bytes: int = 0
-    group: int | None = None
-    """The job's process group, when it is not ``pid`` (the root started no session)."""
-    root_counted: bool = True
-    """Whether the root's own memory is the job's (not for a keeper that only waits on it)."""
+    own_group: bool = True
+    """Whether the root leads a process group of its own (``start(new_session=True)``)."""
 
     def sample(self) -> None:
         """Add new descendants and update the peak RSS (the sum over the tree).
@@ -53,8 +59,6 @@ class Tree:
                 self.seen.setdefault(proc.pid, proc)
         total = 0
         for pid, proc in list(self.seen.items()):
-            if pid == self.pid and not self.root_counted:
-                continue
             try:
                 total += proc.memory_info().rss
             except psutil.Error:
@@ -62,11 +66,12 @@ class Tree:
         self.peak_rss_bytes = max(self.peak_rss_bytes, total)
 
     def signal(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to the process group and to every descendant seen outside it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.group or self.pid, sig)
+        """Send ``sig`` to the process group and to every process seen outside it."""
+        if self.own_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
         for proc in self.seen.values():
-            if proc.pid == self.pid:
+            if proc.pid == self.pid and self.own_group:
                 continue
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)
@@ -91,8 +96,14 @@ class Child:
         return self.popen.pid
 
 
-def start(job: JobSpec, env: dict[str, str], log_path: Path, header: str) -> Child:
-    """Start ``job`` with ``env`` added to this process's environment, output to ``log_path``."""
+def start(
+    job: JobSpec, env: dict[str, str], log_path: Path, header: str, *, new_session: bool = True
+) -> Child:
+    """Start ``job`` with ``env`` added to this process's environment, output to ``log_path``.
+
+    ``new_session=False`` keeps the job in this process's group (a Ray worker's, which Ray ends
+    with the worker).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed by reap() or kill()
     log_file.write(header.encode())
@@ -108,12 +119,13 @@ def start(job: JobSpec, env: dict[str, str], log_path: Path, header: str) -> Chi
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=new_session,
         )
     except OSError:
         log_file.close()
         raise
-    return Child(popen, log_path, log_file, offset, time.monotonic(), Tree(popen.pid))
+    tree = Tree(popen.pid, own_group=new_session)
+    return Child(popen, log_path, log_file, offset, time.monotonic(), tree)
 
 
 def reap(child: Child) -> int | None:
@@ -132,13 +144,19 @@ def reap(child: Child) -> int | None:
 
 
 def kill(child: Child, grace_s: float = 5.0) -> None:
-    """Stop the job's whole process group and every descendant seen: SIGTERM, then SIGKILL."""
-    child.tree.sample()
-    child.tree.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and reap(child) is None:
-        time.sleep(0.05)
-    child.tree.signal(signal.SIGKILL)
+    """Stop the job's whole process group and every descendant seen: SIGTERM, then SIGKILL.
+
+    The signals are sent whatever happens first: ``Tree.sample`` skips processes that went
+    (``psutil.Error``) itself, so what it raises is a bug, raised once the job is stopped.
+    """
+    try:
+        child.tree.sample()  # descendants that left the job's group get the signals too
+    finally:
+        child.tree.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and reap(child) is None:
+            time.sleep(0.05)
+        child.tree.signal(signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         if child.popen.returncode is None:
             _, status = os.waitpid(child.pid, 0)

@@ -8,7 +8,9 @@ import Ray.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +18,10 @@ from typing import Any
 from lightning_maxtp._log import prefixed
 from lightning_maxtp._units import GIB
 from lightning_maxtp.pack.ray_placement import RayNode, RayPlan, cluster_nodes, plan_ray
-from lightning_maxtp.pack.ray_task import gpu_memory_bytes
 from lightning_maxtp.pack.spec import JobSpec
 from lightning_maxtp.resources.ray_address import check_ray_address
 
-__all__ = ["NEEDS_RAY", "connect", "import_ray", "plan_ray_pack"]
+__all__ = ["NEEDS_RAY", "connect", "gpu_memory_bytes", "import_ray", "plan_ray_pack"]
 
 NEEDS_RAY = (
     "maxtp pack --backend ray needs Ray: pip install 'lightning-maxtp[ray]' "
@@ -40,8 +41,18 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(address: str | None) -> bool:
+GROUP_CLEANUP = "RAY_process_group_cleanup_enabled"
+"""Ray's setting, read by each raylet at its start (Ray >= 2.50; later releases may have it on):
+each worker runs in a process group of its own, which the raylet ends when the worker exits,
+however it ends. A local instance started here sets it, so no job outlives its worker."""
+
+
+def connect(address: str | None, *, log_to_driver: bool = False) -> bool:
     """``ray.init(address)`` unless Ray is initialised; whether this call started it.
+
+    Args:
+        address: See ``run_jobs``.
+        log_to_driver: Show the workers' output here (Ray's driver logging).
 
     Raises:
         ValueError: Where nothing answers at ``address``.
@@ -50,15 +61,50 @@ def connect(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     check_ray_address(address)
+    saved = os.environ.get(GROUP_CLEANUP)
+    os.environ.setdefault(GROUP_CLEANUP, "true")  # the raylet a local ray.init starts inherits it
     try:
-        # The jobs' output comes back through the tasks; the workers' prints would repeat it.
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=log_to_driver)
     except ConnectionError as err:
         raise ValueError(
             f"`address` {address!r}: no Ray cluster answered ({err}); start one with "
             "`ray start --head`, or leave --address out for a local instance"
         ) from err
+    finally:
+        if saved is None:
+            os.environ.pop(GROUP_CLEANUP, None)
     return True
+
+
+def gpu_memory_bytes() -> tuple[int | None, str | None]:
+    """The smallest GPU's total memory on this node, read by NVML, or ``None`` and why not.
+
+    Ray reports GPUs as counts only; jobs that declare their GPU memory need the GPU's size to
+    ask for the right share of one. This runs on the node, whose log the submitting machine
+    does not show, so the reason comes back with the answer. An error NVML does not raise (a
+    bug) is raised: the submitting machine reports the failed task.
+    """
+    try:
+        import pynvml
+    except ImportError as err:
+        return None, f"nvidia-ml-py is not installed there ({err})"
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError) as err:
+        return None, f"NVML did not start ({type(err).__name__}: {err})"
+    try:
+        sizes = [
+            int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    except pynvml.NVMLError as err:
+        return None, f"NVML could not read a GPU's memory ({type(err).__name__}: {err})"
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):  # a failed shutdown changes no answer
+            pynvml.nvmlShutdown()
+    if not sizes:
+        return None, "NVML lists no GPU there"
+    return min(sizes), None
 
 
 def _gpu_bytes(nodes: Sequence[RayNode]) -> int | None:
@@ -120,7 +166,7 @@ def plan_ray_pack(
 
     Args:
         jobs: The jobs, in order.
-        address: The cluster, when Ray is not initialised yet (see ``run_ray_jobs``); a local
+        address: The cluster, when Ray is not initialised yet (see ``run_jobs``); a local
             instance started for this is shut down before returning.
         gpu_size_gib: Memory of one of the cluster's GPUs, for jobs that declare
             ``gpu_memory_gib`` (default: read by NVML on each GPU node, the smallest).
@@ -136,7 +182,12 @@ def plan_ray_pack(
     owned = connect(address)
     try:
         nodes = cluster_nodes(import_ray().nodes())
-        gpu_bytes = _gpu_size(jobs, nodes, gpu_size_gib, default_gpu_memory_gib)
+        declares = default_gpu_memory_gib is not None or any(j.gpu_memory_gib for j in jobs)
+        gpu_bytes = None  # whole GPUs: given no size, probed only when a job needs shares
+        if gpu_size_gib is not None:
+            gpu_bytes = int(gpu_size_gib * GIB)
+        elif declares and any(n.gpus > 0 for n in nodes):
+            gpu_bytes = _gpu_bytes(nodes)
     finally:
         if owned:
             import_ray().shutdown()
@@ -147,18 +198,3 @@ def plan_ray_pack(
         default_gpu_memory_gib=default_gpu_memory_gib,
         default_cpu_threads=default_cpu_threads,
     )
-
-
-def _gpu_size(
-    jobs: Sequence[JobSpec],
-    nodes: Sequence[RayNode],
-    gpu_size_gib: float | None,
-    default_gpu_memory_gib: float | None,
-) -> int | None:
-    """The GPU size for shares: given, else probed when a job declares its GPU memory."""
-    declares = default_gpu_memory_gib is not None or any(j.gpu_memory_gib for j in jobs)
-    if gpu_size_gib is not None:
-        return int(gpu_size_gib * GIB)
-    if declares and any(n.gpus > 0 for n in nodes):
-        return _gpu_bytes(nodes)
-    return None

@@ -43,12 +43,7 @@ class RayNode:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return {
-            "node_id": self.node_id,
-            "cpus": self.cpus,
-            "gpus": self.gpus,
-            "memory_bytes": self.memory_bytes,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -76,13 +71,7 @@ class RayDemand:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view."""
-        return {
-            "job": self.job,
-            "name": self.name,
-            "num_gpus": self.num_gpus,
-            "num_cpus": self.num_cpus,
-            "memory_bytes": self.memory_bytes,
-        }
+        return dataclasses.asdict(self)
 
 
 def cluster_nodes(nodes: Sequence[Mapping[str, Any]]) -> tuple[RayNode, ...]:

@@ -7,9 +7,7 @@ the training-state snapshot) have their own tests; these check only the access i
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
-import time
 from typing import Any
 
 import lightning
@@ -30,8 +28,6 @@ from lightning_maxtp._compat.lightning_strategy import (
     finish_strategy,
     install_strategy,
 )
-from lightning_maxtp._compat.ray_streams import next_ready_ref
-from tests.helpers.ray_local import local_ray
 
 
 def test_checked_versions_cover_the_installed_lightning() -> None:
@@ -286,54 +282,3 @@ def test_grad_scaler_state_tensors() -> None:
     with pytest.raises(ValueError, match="`name` must be one of"):
         torch_modules.set_scaler_tensor(scaler, "_other", None)
     torch_modules.clear_scaler_optimizer_states(scaler)
-
-
-@pytest.mark.xdist_group("ray")
-@pytest.mark.slow
-def test_a_ray_stream_is_read_without_waiting() -> None:
-    if importlib.util.find_spec("ray") is None:  # not imported here: local_ray puts back its env
-        pytest.skip("needs the [ray] extra")
-
-    def twice(fail: bool) -> Any:
-        yield 1
-        yield 2
-        if fail:
-            raise ValueError("the task's own error")
-
-    def stopping() -> Any:
-        try:
-            yield "running"
-            while True:
-                time.sleep(0.05)
-        finally:
-            time.sleep(30)  # still stopping when cancelled
-
-    with local_ray(num_cpus=2):
-        import ray
-
-        streaming = {"num_returns": "streaming", "max_retries": 0}
-        ok, failed = (ray.remote(**streaming)(twice).remote(f) for f in (False, True))
-        ray.wait([ok.completed(), failed.completed()], num_returns=2, timeout=60)
-        for task in (ok, failed):
-            assert [ray.get(next_ready_ref(task)) for _ in range(2)] == [1, 2]
-        with pytest.raises(StopIteration):
-            next_ready_ref(ok)
-        with pytest.raises(ValueError, match="the task's own error"):
-            ray.get(next_ready_ref(failed))
-        with pytest.raises(StopIteration):
-            next_ready_ref(failed)
-
-        task = ray.remote(num_cpus=1, **streaming)(stopping).remote()
-        ray.wait([task], timeout=60)
-        assert ray.get(next_ready_ref(task)) == "running"
-        assert next_ready_ref(task) is None  # running, nothing more yet
-        ray.cancel(task)
-        # Its stream ends while its code still stops: Ray's next_ready() would wait here.
-        deadline = time.monotonic() + 30
-        while not task._stream_exhausted() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert task._stream_exhausted() and not ray.wait([task.completed()], timeout=0)[0]
-        began = time.monotonic()
-        assert next_ready_ref(task) is None
-        assert time.monotonic() - began < 5.0  # at once (5 s: a loaded machine)
-        ray.cancel(task, force=True)

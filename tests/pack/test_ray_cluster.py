@@ -1,7 +1,8 @@
 """The Ray cluster of `maxtp pack --backend ray`: its address, and the probe of its GPUs' size.
 
 A wrong address fails in seconds, naming what to check. A GPU node that cannot tell its GPU's size
-is named in a warning, and jobs get whole GPUs (these tests use a stand-in for Ray, no instance).
+is named in a warning, and jobs get whole GPUs (these tests use a stand-in for Ray, no instance;
+``gpu_memory_bytes``, run on each GPU node, a fake NVML in place of ``pynvml``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from lightning_maxtp._units import GIB
 from lightning_maxtp.pack import JobSpec, ray_cluster
 from lightning_maxtp.pack.ray_cluster import plan_ray_pack
+from tests.helpers.fake_nvml import FakeGpu, FakeNvml, NVMLError, NVMLError_NotSupported
 from tests.helpers.ray_local import closed_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,3 +148,67 @@ def test_an_error_ray_does_not_raise_is_raised(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(ray_cluster, "import_ray", lambda: ray)
     with pytest.raises(RuntimeError, match="a bug, not Ray's"):
         plan_ray_pack(SHARED)
+
+
+# --- gpu_memory_bytes on a node, with a fake NVML ------------------------------------------
+
+
+class _MemoryFails(FakeNvml):
+    def __init__(self, gpus: list[FakeGpu], error: Exception) -> None:
+        super().__init__(gpus)
+        self.error = error
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+        raise self.error
+
+
+class _ShutdownFails(FakeNvml):
+    def nvmlShutdown(self) -> None:
+        super().nvmlShutdown()
+        raise NVMLError("Uninitialized")
+
+
+def test_the_smallest_gpu_comes_back_with_no_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml([FakeGpu(total_gib=80), FakeGpu(total_gib=40)])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert ray_cluster.gpu_memory_bytes() == (40 * GIB, None)
+    assert nvml.shutdowns == 1
+    monkeypatch.setitem(sys.modules, "pynvml", _ShutdownFails([FakeGpu(total_gib=80)]))
+    assert ray_cluster.gpu_memory_bytes() == (80 * GIB, None)  # a failed shutdown changes nothing
+
+
+@pytest.mark.parametrize(
+    ("nvml", "why"),
+    [
+        (None, "nvidia-ml-py is not installed there ("),
+        (
+            FakeNvml([], init_error=NVMLError("Driver Not Loaded")),
+            "NVML did not start (NVMLError: Driver Not Loaded)",
+        ),
+        (
+            FakeNvml([], init_error=OSError("libnvidia-ml.so.1: cannot open")),
+            "NVML did not start (OSError: libnvidia-ml.so.1: cannot open)",
+        ),
+        (
+            _MemoryFails([FakeGpu()], NVMLError_NotSupported()),
+            "NVML could not read a GPU's memory (NVMLError_NotSupported: Not Supported)",
+        ),
+        (FakeNvml([]), "NVML lists no GPU there"),
+    ],
+    ids=["no-pynvml", "no-driver", "no-library", "memory-unsupported", "no-gpu"],
+)
+def test_a_node_that_cannot_tell_says_why(
+    monkeypatch: pytest.MonkeyPatch, nvml: Any, why: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: `import pynvml` raises ImportError
+    size, reason = ray_cluster.gpu_memory_bytes()
+    assert size is None and reason is not None and reason.startswith(why)
+
+
+def test_an_error_nvml_does_not_raise_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug is not "this node cannot tell": the task fails and the submitting machine says so.
+    nvml = _MemoryFails([FakeGpu()], TypeError("a bug"))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with pytest.raises(TypeError, match="a bug"):
+        ray_cluster.gpu_memory_bytes()
+    assert nvml.shutdowns == 1

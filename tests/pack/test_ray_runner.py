@@ -1,7 +1,9 @@
 """``maxtp pack --backend ray`` on a local two-CPU Ray instance: the same jobs as the local backend.
 
-One Ray instance for the module (~4 s to start). Each job's command runs on the "node" (this
-machine) as the child of a Ray worker; its output comes back through the task.
+One Ray instance for the module (~4 s to start), with Ray's process-group cleanup on (what
+``maxtp pack`` sets on a Ray instance it starts). Each job's command runs on the "node" (this
+machine) as the child of a Ray worker; its output comes back through Ray's driver logging and
+the task's records.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import psutil
 import pytest
 
 from lightning_maxtp.cli import main
-from lightning_maxtp.pack import JobSpec, ray_runner, ray_task, run_jobs
-from lightning_maxtp.pack.ray_cluster import plan_ray_pack
+from lightning_maxtp.pack import JobSpec, ray_task, run_jobs
+from lightning_maxtp.pack.ray_cluster import GROUP_CLEANUP, plan_ray_pack
+from lightning_maxtp.pack.ray_runner import run_ray_jobs
 from tests.helpers.ray_local import local_ray
 from tests.pack.test_runner import SHOW_ENV, cpu_machine, py_job
 
@@ -38,8 +41,10 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    with local_ray(num_cpus=2) as context:
-        yield context
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(GROUP_CLEANUP, "true")  # the raylet ends the jobs of a worker that died
+        with local_ray(num_cpus=2) as context:
+            yield context
 
 
 def test_four_jobs_run_with_their_cpu_share_and_the_local_json_shape(
@@ -73,20 +78,44 @@ def test_four_jobs_run_with_their_cpu_share_and_the_local_json_shape(
 
 
 STREAMED = (
-    "import pathlib, sys, time; log = pathlib.Path(sys.argv[1]); print('first', flush=True)\n"
+    "import pathlib, sys, time; go = pathlib.Path(sys.argv[1]); print('first', flush=True)\n"
     "deadline = time.monotonic() + 60\n"
-    "while 'first' not in log.read_text() and time.monotonic() < deadline: time.sleep(0.05)\n"
-    "print('second: the log had my first line while I ran')"
+    "while not go.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
+    "print('second: my first line had reached the driver while I ran')"
 )
 
 
-def test_output_reaches_the_log_while_the_job_runs(cluster: Any, tmp_path: Path) -> None:
-    log = tmp_path / "01-stream.log"  # the job waits until its own first line is in its log
-    job = JobSpec((PY, "-c", STREAMED, str(log)), name="stream")
-    result = run_jobs([job], backend="ray", log_dir=tmp_path)
-    assert result.jobs[0].status == "ok" and result.jobs[0].wall_s is not None
-    assert result.jobs[0].wall_s < 30
-    assert log.read_text().endswith("first\nsecond: the log had my first line while I ran\n")
+def test_output_reaches_the_driver_while_the_job_runs(cluster: Any, tmp_path: Path) -> None:
+    """Through Ray's driver logging: the job waits until the test has read its first line on
+    the stderr of ``maxtp pack``, then ends; its log has everything once it has ended."""
+    go = tmp_path / "go"
+    jobs_file = tmp_path / "jobs.json"
+    jobs_file.write_text(json.dumps([{"command": [PY, "-c", STREAMED, str(go)], "name": "s"}]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pack = subprocess.Popen(
+        [PY, "-m", "lightning_maxtp.cli", "pack", "--backend", "ray", "--address",
+         cluster.address_info["address"], "--jobs", str(jobs_file), "--log-dir",
+         str(tmp_path / "logs"), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert pack.stderr is not None
+        seen = []
+        for line in pack.stderr:  # ends when maxtp pack does: the job ended without us
+            seen.append(line)
+            if "(maxtp-pack:s pid=" in line and line.rstrip().endswith(" first"):  # colored
+                go.touch()
+                break
+        assert go.exists(), "".join(seen)
+        out, err = pack.communicate(timeout=120)
+    finally:
+        if pack.poll() is None:
+            pack.kill()
+            pack.communicate()
+    data = json.loads(out)
+    assert data["exit_code"] == 0 and data["jobs"][0]["wall_s"] < 60, err
+    log = Path(data["jobs"][0]["log_path"]).read_text()
+    assert log.endswith("first\nsecond: my first line had reached the driver while I ran\n")
 
 
 def output(log: Path) -> list[str]:
@@ -104,9 +133,11 @@ KILL_WORKER_ONCE = (  # the task's worker dies, as on a lost node; the job itsel
     "import os, pathlib, re, signal, sys, time; m = pathlib.Path(sys.argv[1])\n"
     "if not m.exists():\n"
     "    log, deadline = pathlib.Path(sys.argv[2]), time.monotonic() + 60\n"
-    "    while not (worker := re.search(r'Ray worker pid (\\d+)', log.read_text())):\n"
+    "    pid = re.compile(r'Ray worker pid (\\d+)')\n"
+    "    while not (log.exists() and (w := pid.search(log.read_text()))):\n"
     "        assert time.monotonic() < deadline; time.sleep(0.05)  # the header comes after us\n"
-    "    m.write_text(str(os.getpid())); os.kill(int(worker[1]), signal.SIGKILL)\n"
+    "    assert int(w[1]) == os.getppid()  # the job is its worker's child\n"
+    "    m.write_text(str(os.getpid())); os.kill(int(w[1]), signal.SIGKILL)\n"
     "    time.sleep(60)\n"
     "print('second attempt')"
 )
@@ -133,14 +164,16 @@ def test_failures_retries_and_a_lost_worker(cluster: Any, tmp_path: Path) -> Non
     three, _, kill, gone, *_ = result.jobs
     assert "broken" in Path(three.log_path or "").read_text()
     assert kill.earlier[0].startswith("killed by SIGKILL on ")
-    assert gone.earlier[0].startswith("lost on ") and "WorkerCrashedError" in gone.earlier[0]
+    # Ray reran the task of the worker that died (its max_retries): the driver saw a new start
+    assert gone.earlier[0].startswith("lost on ") and "Ray worker or node died" in gone.earlier[0]
     for job in (kill, gone):  # the first attempt's log is kept, the result is the second's
         assert job.log_path is not None and job.log_path.endswith(".retry1.log")
         assert "second attempt" in output(Path(job.log_path))
         assert "second attempt" not in output(Path(job.log_path.replace(".retry1", "")))
     first_log = (tmp_path / "logs" / "04-lost.log").read_text()
-    assert "the Ray task was lost: WorkerCrashedError" in first_log
-    orphan = int(lost.read_text())  # the lost worker's job died with it
+    orphan = int(lost.read_text())
+    assert "the Ray task was lost: its worker or node died" in first_log
+    # The lost worker's job died with it (Ray ended the worker's process group).
     deadline = time.monotonic() + 10
     while psutil.pid_exists(orphan) and time.monotonic() < deadline:
         with contextlib.suppress(psutil.Error):
@@ -175,26 +208,25 @@ def test_a_task_that_ignores_its_cancel_is_killed_after_the_grace(
     """The runner never waits on a task: one whose stream has ended while its code is still
     stopping (here: forever) must not hold up the others' end, only the grace period."""
 
-    def stubborn(command: Any, **_: Any) -> Any:  # stands in for ray_task.job_task
+    def stubborn(job: JobSpec, index: int, events: Any) -> int:  # stands in for run_attempt
         # As the real task does: Ray's cancel is then a KeyboardInterrupt here, also where the
         # worker inherited SIGINT ignored (a test run started in a shell's background), whose
         # interrupt otherwise fails inside Ray with a TypeError and ends the task at once.
         ray_task._interruptible()
-        start = {"kind": "start", "host": "node", "node_id": None, "gpus": [], "env": {},
-                 "worker_pid": os.getpid(), "pid": os.getpid()}  # fmt: skip
-        yield start
-        if command == "fail":
-            yield {"kind": "end", "exit_code": 1, "wall_s": 0.0, "peak_rss_bytes": None}
-            return
-        yield {"kind": "out", "data": b"running\n"}
+        events.put({"kind": "start", "job": index, "host": "node", "node_id": None, "gpus": [],
+                    "env": {}, "worker_pid": os.getpid()})  # fmt: skip
+        if job.command == "fail":
+            events.put({"kind": "end", "job": index, "exit_code": 1, "oom": False, "wall_s": 0.0,
+                        "output": b"", "peak_rss_bytes": None})  # fmt: skip
+            return 1
         while True:  # a cancel is a KeyboardInterrupt here: ignored
             try:
                 time.sleep(0.05)
             except KeyboardInterrupt:
                 continue
 
-    monkeypatch.setattr(ray_runner, "job_task", stubborn)
-    monkeypatch.setattr(ray_runner, "STOP_GRACE_S", 2.0)
+    monkeypatch.setattr(ray_task, "run_attempt", stubborn)
+    monkeypatch.setattr(ray_task, "STOP_GRACE_S", 2.0)
     jobs = [JobSpec("stay", name="stay"), JobSpec("fail", name="bad")]
     began = time.monotonic()
     # "bad" waits for "stay" to run: one CPU each, two CPUs
@@ -211,7 +243,7 @@ def test_a_job_no_node_holds_is_refused_before_anything_starts(
 ) -> None:
     jobs = [JobSpec("echo a", name="a"), JobSpec("echo b", name="huge", cpu_threads=64)]
     with pytest.raises(ValueError, match=r"job 'huge' asks for 0 GPU\(s\), 64 CPU\(s\)"):
-        run_jobs(jobs, backend="ray", log_dir=tmp_path)
+        run_ray_jobs(jobs, log_dir=tmp_path)  # run_jobs(backend="ray") by its own name
     assert not list(tmp_path.iterdir())
     plan = plan_ray_pack(jobs[:1], default_cpu_threads=2)
     assert plan.demands[0].options() == {"num_cpus": 2.0, "num_gpus": 0.0}
@@ -266,16 +298,13 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120  # Ray's workers start slowly on a loaded runner
-        logs = [tmp_path / "logs" / f"0{n + 1}-j{n}.log" for n in range(3)]
         # two jobs run (one CPU each), the third waits in Ray's queue
         while time.monotonic() < deadline:
-            started = [p for p in logs if p.exists() and "started" in output(p)]
-            if len(started) == 2:
+            running = [int(text) for p in pids if p.exists() and (text := p.read_text().strip())]
+            if len(running) == 2:
                 break
             time.sleep(0.1)
-        assert len(started) == 2, [p.read_text() for p in logs if p.exists()]
-        running = [int(p.read_text()) for p in pids if p.exists()]
-        assert len(running) == 2
+        assert len(running) == 2, list((tmp_path / "logs").glob("*"))
         pack.send_signal(signal.SIGINT)
         try:
             out, err = pack.communicate(timeout=120)  # at most the 15 s grace, then forced
@@ -293,8 +322,8 @@ def test_sigint_cancels_every_task_and_leaves_no_process(cluster: Any, tmp_path:
     assert "interrupted by SIGINT" in out
     statuses = sorted(line.split()[1] for line in out.splitlines()[1:4])
     assert statuses == ["not_run", "stopped", "stopped"], out
-    # Each job's `sleep 300`, in the job's group: ended by its task, or, past the grace, by its
-    # keeper once the worker is killed (a moment after maxtp pack has returned).
+    # Each job's `sleep 300`: ended by its task, or, past the grace, with its worker's process
+    # group once Ray has killed the worker (a moment after maxtp pack has returned).
     deadline = time.monotonic() + 15
     while (alive := [p for p in running if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,81 +1,109 @@
-"""What a pack Ray task does on its node when something fails, with no Ray instance.
+"""The Ray task of ``maxtp pack`` and its driver, without a Ray instance: how a task's end is
+read, and what the task does on its node when something fails.
 
-``gpu_memory_bytes`` runs on each GPU node with a fake NVML in place of ``pynvml``; ``_stop``
-with a stand-in process tree. The jobs themselves run in ``test_ray_runner.py``.
+Ray's errors are the task's end (failed, lost, cancelled), each said in the job's log and
+result; any other error is a bug of the runner and is raised, never taken for a job's end. The
+runner on a real Ray instance is in ``test_ray_runner.py``.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from lightning_maxtp.pack import ray_task
-from tests.helpers.fake_nvml import GIB, FakeGpu, FakeNvml, NVMLError, NVMLError_NotSupported
+from lightning_maxtp.pack import JobSpec, proc, ray_task
+from lightning_maxtp.pack.progress import Book, Progress
+from lightning_maxtp.pack.ray_placement import RayNode, plan_ray
 
 
-class _MemoryFails(FakeNvml):
-    def __init__(self, gpus: list[FakeGpu], error: Exception) -> None:
-        super().__init__(gpus)
+class RayError(Exception):
+    """Stands in for ``ray.exceptions.RayError``."""
+
+
+class TaskCancelledError(RayError):
+    pass
+
+
+class RayTaskError(RayError):
+    pass
+
+
+class NodeDiedError(RayError):
+    pass
+
+
+class _Ray:
+    """``ray.get`` of the task's ref raises ``error``."""
+
+    exceptions = SimpleNamespace(
+        RayError=RayError, TaskCancelledError=TaskCancelledError, RayTaskError=RayTaskError
+    )
+
+    def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+    def remote(self, fn: Any) -> Any:
+        return SimpleNamespace()
+
+    def get(self, ref: Any) -> Any:
         raise self.error
 
 
-class _ShutdownFails(FakeNvml):
-    def nvmlShutdown(self) -> None:
-        super().nvmlShutdown()
-        raise NVMLError("Uninitialized")
-
-
-def test_the_smallest_gpu_comes_back_with_no_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    nvml = FakeNvml([FakeGpu(total_gib=80), FakeGpu(total_gib=40)])
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    assert ray_task.gpu_memory_bytes() == (40 * GIB, None)
-    assert nvml.shutdowns == 1
-    monkeypatch.setitem(sys.modules, "pynvml", _ShutdownFails([FakeGpu(total_gib=80)]))
-    assert ray_task.gpu_memory_bytes() == (80 * GIB, None)  # a failed shutdown changes nothing
+def _final(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: Exception, *, cancelled: bool = False
+) -> tuple[Book, Path]:
+    """One started attempt of one job whose task's ref raises ``error``; its end taken."""
+    monkeypatch.setattr(ray_task, "import_ray", lambda: _Ray(error))
+    plan = plan_ray([JobSpec("true", name="a")], [RayNode("n", 2.0, 0.0, None)])
+    book = Book(plan.jobs, ["a"], tmp_path, Progress(None, status_line=False), "ray")
+    run = ray_task._RayRun(plan, book, fail_fast=False, retry_oom=False)
+    job = run.jobs[0]
+    _, job.path, header = book.next_attempt(0)
+    job.path.write_text(header)
+    job.ref, job.start, job.cancelled = "ref", {"host": "node-1", "gpus": []}, cancelled
+    run._final(job, "ref")
+    return book, job.path
 
 
 @pytest.mark.parametrize(
-    ("nvml", "why"),
+    ("error", "status", "line"),
     [
-        (None, "nvidia-ml-py is not installed there ("),
-        (
-            FakeNvml([], init_error=NVMLError("Driver Not Loaded")),
-            "NVML did not start (NVMLError: Driver Not Loaded)",
-        ),
-        (
-            FakeNvml([], init_error=OSError("libnvidia-ml.so.1: cannot open")),
-            "NVML did not start (OSError: libnvidia-ml.so.1: cannot open)",
-        ),
-        (
-            _MemoryFails([FakeGpu()], NVMLError_NotSupported()),
-            "NVML could not read a GPU's memory (NVMLError_NotSupported: Not Supported)",
-        ),
-        (FakeNvml([]), "NVML lists no GPU there"),
+        (RayTaskError("ValueError: boom"), "failed", "# the Ray task failed: ValueError: boom"),
+        (NodeDiedError(""), "lost", "# the Ray task was lost: NodeDiedError: "),
+        (NodeDiedError("node 1 died\nmore"), "lost", "was lost: NodeDiedError: node 1 died\n"),
     ],
-    ids=["no-pynvml", "no-driver", "no-library", "memory-unsupported", "no-gpu"],
+    ids=["task-raised", "node-died-without-a-word", "node-died"],
 )
-def test_a_node_that_cannot_tell_says_why(
-    monkeypatch: pytest.MonkeyPatch, nvml: Any, why: str
+def test_a_ray_error_is_the_jobs_end_and_its_log_says_which(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: Exception, status: str, line: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: `import pynvml` raises ImportError
-    size, reason = ray_task.gpu_memory_bytes()
-    assert size is None and reason is not None and reason.startswith(why)
+    book, path = _final(monkeypatch, tmp_path, error)
+    assert book.results[0].status == status and book.results[0].node == "node-1"
+    assert line in path.read_text()
 
 
-def test_an_error_nvml_does_not_raise_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A bug is not "this node cannot tell": the task fails and the submitting machine says so.
-    nvml = _MemoryFails([FakeGpu()], TypeError("a bug"))
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    with pytest.raises(TypeError, match="a bug"):
-        ray_task.gpu_memory_bytes()
-    assert nvml.shutdowns == 1
+def test_an_error_that_is_not_rays_is_raised_not_taken_for_the_jobs_end(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(KeyError, match="a bug"):
+        _final(monkeypatch, tmp_path, KeyError("a bug"))
+
+
+def test_a_task_this_runner_cancelled_is_stopped_whatever_error_it_ends_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Seen on a worker that inherited SIGINT ignored: Ray's interrupt of the cancelled task
+    # failed inside the task with a TypeError, reported as the task's own error.
+    error = RayTaskError("TypeError: 'Handlers' object is not callable")
+    book, path = _final(monkeypatch, tmp_path, error, cancelled=True)
+    assert book.results[0].status == "stopped" and "# cancelled" in path.read_text()
+    # The same error from a task nobody cancelled is the task's failure.
+    book, _ = _final(monkeypatch, tmp_path, error)
+    assert book.results[0].status == "failed"
 
 
 def test_a_failed_sample_still_stops_the_job_then_is_raised() -> None:
@@ -85,24 +113,20 @@ def test_a_failed_sample_still_stops_the_job_then_is_raised() -> None:
         raise RuntimeError("a bug in the sampler")
 
     tree = SimpleNamespace(sample=sample, signal=sent.append)
-    ended = SimpleNamespace(code=lambda timeout_s: -15, closed=False)
+    popen = SimpleNamespace(returncode=-15)
+    child = SimpleNamespace(tree=tree, popen=popen, pid=-1)
     with pytest.raises(RuntimeError, match="a bug in the sampler"):
-        ray_task._stop(tree, ended)  # type: ignore[arg-type]
+        proc.kill(child, grace_s=0.0)  # type: ignore[arg-type]
     assert sent == [signal.SIGTERM, signal.SIGKILL]
 
 
 def test_a_worker_that_inherited_sigint_ignored_gets_python_s_handler_back() -> None:
-    import signal
-
-    from lightning_maxtp.pack.ray_task import _interruptible
-
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _interruptible()
+        ray_task._interruptible()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        handler = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, own := lambda *_: None)  # a handler someone set: kept
-        _interruptible()
-        assert signal.getsignal(signal.SIGINT) is own and handler is not own
+        ray_task._interruptible()
+        assert signal.getsignal(signal.SIGINT) is own
     finally:
         signal.signal(signal.SIGINT, before)
