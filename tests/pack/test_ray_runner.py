@@ -208,7 +208,7 @@ def test_a_task_that_ignores_its_cancel_is_killed_after_the_grace(
     """The runner never waits on a task: one whose stream has ended while its code is still
     stopping (here: forever) must not hold up the others' end, only the grace period."""
 
-    def stubborn(job: JobSpec, index: int, events: Any) -> int:  # stands in for run_attempt
+    def stubborn(job: JobSpec, index: int, events: Any, env: Any) -> int:  # for run_attempt
         # As the real task does: Ray's cancel is then a KeyboardInterrupt here, also where the
         # worker inherited SIGINT ignored (a test run started in a shell's background), whose
         # interrupt otherwise fails inside Ray with a TypeError and ends the task at once.
