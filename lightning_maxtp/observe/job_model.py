@@ -427,8 +427,7 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
     (``JobContext.loading_s``: no workers, its waits its own, no core to wait for), or less
     when the step waits on workers that took less (``W * t``). Else, when
     every core is busy, its CPU work alone (a worker off the CPU then waits for a core, not for
-    a read: more workers would wait the same), unless they ran far below a fair share of the
-    cores (``_off_cpu``: then they waited on reads). Else, when the step waits for data (beyond
+    a read: more workers would wait the same). Else, when the step waits for data (beyond
     ``DATA_WAIT_SHARE``, epoch starts left out), the workers do not idle (their queue runs
     empty), so W of them took ``W * t`` each per sample. Else they idle on a full queue and
     their waits cannot be told from idling: its CPU work alone. (The few samples timed in this
@@ -445,28 +444,13 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
         load_s = max(load_cpu_s, min(earlier[0], busy))
         return load_s, f"{cpu}; a sample loaded in {load_s * 1e3:.2f} ms"
     system = window.sampler.mean_system_cpu
-    if system is not None and system >= th.SYSTEM_CPU_SATURATED and not _off_cpu(window, workers):
+    if system is not None and system >= th.SYSTEM_CPU_SATURATED:
         # Every core busy: a worker's time off the CPU is a wait for a core, not for a read;
         # more workers would wait the same.
         return load_cpu_s, f"{cpu}; the CPUs are saturated ({system:.0f} %)"
     if window.data_wait_share >= th.DATA_WAIT_SHARE:
         return max(load_cpu_s, workers * t), f"{cpu}; the step waits on them"
     return load_cpu_s, f"{cpu}; they keep up (their waits, if any, unseen)"
-
-
-def _off_cpu(window: Window, workers: int) -> bool:
-    """Whether the workers ran far below a fair share of the cores: they waited on reads.
-
-    A worker that waits for a core is runnable, and the scheduler gives runnable threads about
-    equal shares: ``cores / (workers + the step's threads)`` each. One that ran under half of
-    that was not runnable most of the time, whoever kept the cores busy (a step's threads
-    spinning while it waits for data read 90 % of 2 CPUs beside 4 workers at 6 % each).
-    """
-    ctx, busy = window.context, window.sampler.mean_worker_cpu
-    if busy is None or not ctx.cpus_per_rank or workers <= 0:
-        return False
-    fair = ctx.cpus_per_rank / (workers + (ctx.intra_op_threads or 1))
-    return busy / 100 < fair / 2
 
 
 def _fed_step_s(window: Window) -> float:

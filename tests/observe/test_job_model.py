@@ -155,25 +155,6 @@ def test_steps_slowed_by_the_waits_before_them_do_not_cap_what_workers_give() ->
     assert model.choose().workers >= 16
 
 
-def test_workers_far_below_a_fair_share_of_busy_cores_wait_on_reads_not_on_a_core() -> None:
-    # 4 workers reading 3 ms a sample, the step's threads spinning while it waits: the CPUs
-    # read 90 % busy, yet each worker ran 6 % of a core (a fair share is a third of one).
-    window = measured(
-        rate=1525, wait_share=0.87, wait_cpu_share=0.1, process_cores=1.6, workers=4,
-        worker_cores=0.06,
-    )  # fmt: skip
-    busy = dataclasses.replace(window.sampler, system_cpu_percent=(90.5,) * 5)
-    model = JobModel.from_window(dataclasses.replace(window, sampler=busy))
-    assert model is not None
-    # The workers were never idle and took 4 x 1/1525 s a sample: the reads, not the CPU.
-    assert model.load_s == pytest.approx(4 / 1525, rel=0.01)
-    assert model.predict(4).samples_per_s == pytest.approx(1525, rel=0.05)
-    # Workers that used their fair share of saturated cores waited for one: their CPU alone.
-    starved = dataclasses.replace(busy, worker_cpu_percent=(4 * 30.0,) * 5)
-    model = JobModel.from_window(dataclasses.replace(window, sampler=starved))
-    assert model is not None and model.load_s == pytest.approx(model.load_cpu_s)
-
-
 def test_a_step_on_every_core_loses_to_workers_that_load_beside_it() -> None:
     # MobileNetV3 at 96 px (3.3 ms a sample on 2 threads), 1.0 ms of JPEG loading in series
     window = measured(rate=232, wait_share=0.23, wait_cpu_share=1.0, process_cores=1.7)
