@@ -147,11 +147,18 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
     tmp_path: Path,
 ) -> None:
     # In its own process: inductor keeps a compile thread pool for the process's lifetime.
-    printed = run_script(_COMPILE_SCRIPT, tmp_path, timeout=300)
-    out = json.loads(printed.strip().splitlines()[-1])
     # One compile trial. On a loaded machine (the parallel test pass) the loop's own time between
     # steps can read as data wait and a loader trial come first: that is not what this tests.
-    ((at, trial),) = [(i, t) for i, t in enumerate(out["trials"]) if t["knob"] == "compile"]
+    # Once in CI the baseline read that way and tuning stopped on the data-bound diagnosis
+    # before any math knob: a second run decides (a fit alone here tries compile every time).
+    for _ in range(2):
+        printed = run_script(_COMPILE_SCRIPT, tmp_path, timeout=300)
+        out = json.loads(printed.strip().splitlines()[-1])
+        compiles = [(i, t) for i, t in enumerate(out["trials"]) if t["knob"] == "compile"]
+        if compiles:
+            break
+    assert len(compiles) == 1, (out["trials"], out["cost"])
+    ((at, trial),) = compiles
     assert {t["knob"] for t in out["trials"]} <= {"compile", *LOADER_KNOBS}, out["trials"]
     # Whether compiling pays on this machine is its load's to say; the verdict must be the one
     # the judge's rule gives for the rates its windows measured (no predicted gain, no budget).
