@@ -221,7 +221,10 @@ class JobModel:
                 return None
             load_s = wait
             load_cpu_s = min(load_s, sum(window.wait_cpu_s) / n)
-            step_s = _fed_step_s(window) if load_cpu_s < load_s / 2 else compute
+            # Only where the steps wait on reads beyond doubt: a loaded machine's CPU
+            # contention also reads as loading off the CPU, with a few percent of data wait.
+            waits = window.data_wait_share >= th.DATA_WAIT_SHARE_STRONG
+            step_s = _fed_step_s(window) if waits and load_cpu_s < load_s / 2 else compute
             serial_s = t
             source = "the main process's own loading while the step waited"
         else:
@@ -455,6 +458,9 @@ def _worker_load_s(window: Window, workers: int, t: float, load_cpu_s: float) ->
 
 def _fed_step_s(window: Window) -> float:
     """Seconds per sample of the step fed back to back, from a window whose loading waits.
+
+    Read only from a window that waits for data beyond ``DATA_WAIT_SHARE_STRONG`` and whose
+    loading mostly waits off the CPU.
 
     With no workers and reads that wait, the cores idle while the main process waits, and the
     step after each wait runs several times slower than one fed back to back (measured on
