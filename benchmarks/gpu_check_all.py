@@ -348,6 +348,17 @@ def _fork_server() -> Any:
     return ctx
 
 
+def _stop_fork_server() -> None:
+    # The server is this process's child until it exits: a caller that runs main() in-process
+    # (the tests) would keep it, and count it among its own children. multiprocessing has no
+    # public call to stop it; this private one exists from Python 3.8 to 3.14.
+    import multiprocessing.forkserver
+
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 def start_fork_server() -> None:
     """Start the smoke mode's fork server and wait for its imports, before any script's clock."""
     process = _fork_server().Process(target=time.time)
@@ -647,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:  # the scripts' shared settings are this run's, not the caller's
+        _stop_fork_server()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -38,6 +38,9 @@ an epoch's samples, it is part of every setting's time per sample.
 Predicted, then confirmed: the loop tries the setting the model ranks best, real steps judge
 it, and a measured window replaces the prediction (``JobModel.from_window`` of the trial's
 window). Every number comes from the window; the one constant, ``CONTENTION``, was measured.
+
+Long because it is one idea: the stages' costs read from a window and the predictions made from
+them share every field, and each reading rule sits next to the prediction that needs it.
 """
 
 from __future__ import annotations
