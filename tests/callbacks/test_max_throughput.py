@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from lightning_maxtp.callbacks import MaxThroughputCallback
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.loader.switchable import SwitchableLoader
+from lightning_maxtp.observe.report_view import report_view
 from lightning_maxtp.resources import inspect_resources
 from tests.helpers.loader_data import SleepDataset
 from tests.helpers.models import IdModel, MatmulModel
@@ -147,6 +148,22 @@ def _cpu_hog() -> Iterator[None]:
     finally:
         hog.kill()
         hog.wait()
+
+
+def test_the_baseline_and_the_trials_are_read_in_whole_turns_of_the_workers() -> None:
+    # 3 workers loading 32 ms batches behind a ~1 ms step deliver them in bursts of 3. A
+    # baseline decided after 5 steps (or a 20-step window) holds a fraction of a burst more or
+    # less, and read the rate up to 1.7x off: every trial after it then looked like a loss.
+    callback = _callback(window_steps=20, max_trials=2)
+    _fit(callback, workers=3, samples=960, max_epochs=1)
+
+    baseline = report_view(callback.report.to_dict()).summary.baseline_steps
+    assert baseline is not None
+    first, last = baseline
+    assert (last - first + 1) % 3 == 0, baseline
+    for trial in callback.trials:
+        workers = trial.new if trial.knob == "num_workers" else 3
+        assert trial.steps % workers == 0, trial
 
 
 @pytest.mark.serial

@@ -25,6 +25,7 @@ from lightning_maxtp.tuning.judge import judge
 from lightning_maxtp.tuning.sequential import (
     EARLY_STEPS,
     confirmed_at_once,
+    cycle_steps,
     early_steps,
     losing_early,
 )
@@ -50,6 +51,20 @@ def test_a_trial_slower_on_every_step_by_a_margin_is_losing_after_a_few_steps() 
     bursty = [0.001] * 7 + [0.1]
     assert not losing_early(bursty, [32] * 8, [0.003] * 4, [32] * 4, 0.05)
     assert early_steps(20) == 5 and early_steps(8) == EARLY_STEPS and early_steps(3) == 3
+
+
+def test_windows_and_early_reads_span_whole_turns_of_the_workers() -> None:
+    # 4 workers waiting 48 ms a batch behind a 0.05 ms step deliver in bursts of 4: 5 steps
+    # hold one burst and a quarter, and read the rate up to 1.7x off.
+    assert cycle_steps(20, 0) == cycle_steps(20, 1) == 20
+    assert cycle_steps(20, 4) == 20 and cycle_steps(20, 3) == 21 and cycle_steps(20, 26) == 26
+    assert early_steps(20, 4) == 8 and early_steps(21, 3) == 6 and early_steps(20, 0) == 5
+    assert early_steps(26, 26) == 26, "no early read shorter than one turn"
+    for steps in range(1, 40):
+        for workers in range(0, 12):
+            turns = cycle_steps(steps, workers)
+            assert turns >= steps and turns % max(workers, 1) == 0
+            assert turns - steps < max(workers, 1)
 
 
 def test_a_predicted_gain_confirmed_with_its_mechanism_needs_no_second_pair() -> None:
