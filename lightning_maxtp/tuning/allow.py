@@ -1,11 +1,12 @@
 """The knobs beyond the loader's the closed loop may change: ``"safe"``, ``"all"``, or names.
 
 Pure (no torch). The names, the presets and the order per bottleneck come from
-``knobs.registry``. ``"safe"`` keeps the math: the loader's knobs and the main process's
-threads, plus ``cudnn.benchmark`` unless the Trainer is deterministic (it picks among kernels
-computing the same convolution). ``"all"`` adds the knobs that change the numbers a little
-(precision, memory layout, TF32, compiled kernels, fused optimizer steps) or the optimization
-(the batch size): each is a trial with a numerics guard and a rollback.
+``knobs.registry`` (the knobs page of the docs has their table). ``"safe"`` keeps the math:
+the loader's knobs and the main process's threads, plus the registry's knobs whose ``preset``
+is ``"safe"`` (``SAFE``). ``"all"`` adds the others, which change the numbers a little or the
+optimization: each is a trial undone when it does not pay, the guarded ones (``GUARDED``)
+under a numerics guard and a rollback. A deterministic Trainer never tries the guarded knobs
+nor those that pick their kernels by timing (``NOT_DETERMINISTIC``), even when named.
 """
 
 from __future__ import annotations
