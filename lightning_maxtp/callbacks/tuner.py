@@ -37,9 +37,16 @@ from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.job_model import JobModel
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
-from lightning_maxtp.observe.thresholds import DATA_WAIT_SHARE_STRONG
 from lightning_maxtp.observe.window import combined_rate
-from lightning_maxtp.tuning.admission import Admission, admit
+from lightning_maxtp.tuning.affordable import (
+    Funds,
+    affordable,
+    may_try_one_more,
+    remeasure_refused,
+    sized,
+    unpaid,
+    worst_case_s,
+)
 from lightning_maxtp.tuning.carry import carried_settings, loader_key, machine_key, state
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.decisions import (
@@ -55,14 +62,7 @@ from lightning_maxtp.tuning.decisions import (
 )
 from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import baseline_decided, cycle_steps, early_steps
-from lightning_maxtp.tuning.switches import (
-    Switches,
-    only_persists,
-    starts_workers,
-    trial_risk_s,
-    worker_starts,
-    workers_after,
-)
+from lightning_maxtp.tuning.switches import Switches, starts_workers, workers_after
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
     from lightning_maxtp.observe.window import Window
     from lightning_maxtp.resources.probe import Resources
+    from lightning_maxtp.tuning.admission import Admission
     from lightning_maxtp.tuning.config import TuningConfig
 
 __all__ = ["Tuner"]
@@ -521,13 +522,16 @@ class Tuner:
     def _one_more(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """After tuning converged: try the automatic change a monitoring window names, once.
 
-        The end-of-fit report reads the same rules; a change it would name is either tried
-        here, when the budget left pays for it, or labelled with why it was not.
+        When ``affordable.may_try_one_more`` lets it: sized and paid for as a trial during
+        tuning is, or noted with why it was not tried.
         """
         loop = self.loop
-        if not loop.converged or self.loader is None or self._settle_left:
-            return
-        if loop.baseline is None:  # settings carried from an earlier fit: no budget measured
+        if not may_try_one_more(
+            converged=loop.converged,
+            switchable=self.loader is not None,
+            settling=bool(self._settle_left),
+            baseline_measured=loop.baseline is not None,
+        ):
             return
         change = None
         if trainer.is_global_zero and len(loop.trials) < self.config.max_trials:
@@ -727,108 +731,83 @@ class Tuner:
                 return decision
 
     def _sized(self, change: Try, window: Window | None = None) -> Try | None:
-        """A modelled worker change sized to the rest of this fit.
+        """``affordable.sized`` for this fit: ``None`` (noted) when no count pays for its start.
 
-        The diagnosis ranks worker counts by their steady rate; here the job model weighs the
-        start of more workers (as this fit's starts measured them) against the samples left
-        (``JobModel.choose``): a short fit gets fewer, a long one as many as pay. ``None`` when
-        the count in force finishes soonest (noted): no other count saves its start.
         ``window``: the one that named the change, when it is not the reference (a monitoring
         window after tuning).
         """
-        ref, cost = window or self.loop.ref, self._cost()
-        if change.knob != "num_workers" or change.expected_gain is None or ref is None:
-            return change
-        model = JobModel.from_window(ref)
-        batches = cost.batches
-        if model is None or batches is None or not math.isfinite(batches) or not ref.steps:
-            return change
-        samples_left = max(0.0, batches - self.loop.steps) * sum(ref.samples) / ref.steps
-        start_s = self.switches.per_start
-        most = self.config.max_workers
-        choice = model.choose(most=most, samples_left=samples_left, start_s=start_s)
-        settings = {"num_workers": choice.workers}
-        if choice.workers == model.workers:
-            self.note(
-                f"{fmt_settings(change.settings)} not tried: for the "
-                f"{samples_left:.0f} samples left, starting them costs more than they would save"
-                f" ({choice.reason})"
-            )
+        answer = sized(
+            change,
+            window or self.loop.ref,
+            batches=self.cost.batches,
+            steps_done=self.loop.steps,
+            start_s=self.switches.per_start,
+            most=self.config.max_workers,
+        )
+        if isinstance(answer, str):
+            self.note(answer)
             return None
-        if settings == change.settings:
-            return change
-        why = f"{change.why}; for the {samples_left:.0f} samples left, {choice.workers} workers"
-        return Try(change.knob, settings, why, round(choice.gain, 4))
+        return answer
+
+    def _funds(self) -> Funds:
+        """This fit's numbers for ``affordable``: budget, rest, reference, starts measured."""
+        cost, ref = self._cost(), self.loop.ref
+        return Funds(
+            left_s=cost.left_s,
+            rest_s=cost.remaining_s(self.loop.steps),
+            baseline_rate=self.loop.baseline,
+            ref_rate=None if ref is None else window_rate(ref),
+            ref_step_s=ref.total_s / ref.steps if ref is not None and ref.steps else 0.0,
+            ref_wait_share=None if ref is None else ref.data_wait_share,
+            measured_starts=tuple(self.switches.measured),
+        )
+
+    def _trial_steps(self, change: Try, settings: dict[str, Any]) -> int:
+        """A trial window's length under ``change``: whole turns of its workers (``_turns``)."""
+        return self._turns(self.window_steps, {**settings, **change.settings})
 
     def _risk_s(self, change: Try, settings: dict[str, Any]) -> float:
         """What a trial of ``change`` costs at worst before a window can revert it (predicted).
 
-        Its worker starts, each at what the dearest start so far cost (``Switches.start_s``),
-        and its first steps until a losing trial is cut short (``switches.trial_risk_s``); none
-        of those for a change that only makes the workers persistent (``only_persists``).
+        ``affordable.worst_case_s`` with this fit's reference and worker starts.
         """
-        ref = self.loop.ref
-        step_s = ref.total_s / ref.steps if ref is not None and ref.steps else 0.0
-        starts = [self.switches.start_s(n) for n in worker_starts(change.settings, settings)]
-        after = {**settings, **change.settings}
-        early = early_steps(self._turns(self.window_steps, after), self._workers(after))
-        slower = 0 if only_persists(change.settings, settings) else early
-        return trial_risk_s(starts, slower, step_s)
+        steps = self._trial_steps(change, settings)
+        return worst_case_s(change.settings, settings, self._funds(), window_steps=steps)
 
     def _affordable(self, change: Try, settings: dict[str, Any]) -> Admission | None:
         """The rule that lets a trial of ``change`` start at its worst (``_risk_s``), or ``None``.
 
-        Within the budget left, or past it on a strong prediction (``admission.admit``).
+        Within the budget left, or past it on a strong prediction (``affordable.affordable``).
         """
-        return self._admit(self._risk_s(change, settings), change.expected_gain)
-
-    def _admit(self, risk_s: float, expected_gain: float | None) -> Admission | None:
-        """``admission.admit`` with this fit's budget, its rest and the evidence in force.
-
-        Strong evidence: the reference window waits for data above ``DATA_WAIT_SHARE_STRONG``
-        (the job model's prediction rests on the loading it measured there).
-        """
-        cost, ref, base = self._cost(), self.loop.ref, self.loop.baseline
-        rest = cost.remaining_s(self.loop.steps)
-        if rest is not None and ref is not None and base and window_rate(ref) > 0:
-            rest *= base / window_rate(ref)  # at the rate in force, not the baseline's
-        strong = ref is not None and ref.data_wait_share >= DATA_WAIT_SHARE_STRONG
-        return admit(risk_s, cost.left_s, expected_gain=expected_gain, rest_s=rest, strong=strong)
+        steps = self._trial_steps(change, settings)
+        return affordable(change, settings, self._funds(), window_steps=steps)
 
     def _remeasure_paid(self, step: Remeasure) -> bool:
         """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.
 
-        A trial that looked like a gain is measured again, the reference then the trial; each
-        switch that starts workers is paid for before it is made. Otherwise the trial ends
-        undecided (the original kept), and a note says why.
+        Otherwise the trial ends undecided (the original kept), and a note says why
+        (``affordable.remeasure_refused``).
         """
-        assert self.loop.pending is not None
-        old, new = self.loop.pending
-        target = old if step.settings == "old" else new
-        context = self.knobs.context()
-        if not starts_workers(target, context):
-            return True
-        need = self.switches.start_s(workers_after(target, context))
-        left = self._cost().left_s
-        if self._admit(need, self.loop.trial_expected_gain) is not None:
-            return True
-        self.note(
-            f"{self.loop.trial_knob}: re-measuring {fmt_settings(target)} would start workers "
-            f"(about {need:.2f} s) past the budget left ({max(0.0, left):.2f} s): undecided, "
-            "the original kept"
+        knob, pending = self.loop.trial_knob, self.loop.pending
+        assert knob is not None and pending is not None
+        target = pending[0] if step.settings == "old" else pending[1]
+        why = remeasure_refused(
+            knob,
+            target,
+            self.knobs.context(),
+            self._funds(),
+            expected_gain=self.loop.trial_expected_gain,
         )
-        return False
+        if why is not None:
+            self.note(why)
+        return why is None
 
     def _unpaid(self, change: Try, settings: dict[str, Any], *, once: bool = False) -> str:
         """Why ``change`` was not tried for want of budget (a note, and the stop reason).
 
         With ``once``, noted only the first time this change is turned down.
         """
-        text = (
-            f"{change.knob} {fmt_settings(change.settings)} may cost "
-            f"{self._risk_s(change, settings):.2f} s before a window can revert it (worker "
-            f"starts, its first steps), {max(0.0, self._cost().left_s):.2f} s of the budget is left"
-        )
+        text = unpaid(change, self._risk_s(change, settings), self._cost().left_s)
         key = fmt_settings(change.settings)
         if not once or key not in self._unpaid_noted:
             self._unpaid_noted.add(key)

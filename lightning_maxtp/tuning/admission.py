@@ -11,7 +11,7 @@ Two rules, either one admits (pure, plain numbers):
   the workers that halve its time, and the report says which rule let the trial start.
 
 Net wall-clock stays the final judge: the report's net line shows what the fit took against
-its length at the baseline rate.
+its length at the baseline rate. ``affordable`` applies these rules to one fit's numbers.
 """
 
 from __future__ import annotations
