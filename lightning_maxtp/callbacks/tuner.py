@@ -453,7 +453,16 @@ class Tuner:
             )
         else:
             guarded = check is not None and not check.passed  # the same on every rank
-            verdict = loop.judge(window) if trainer.is_global_zero and not guarded else None
+            verdict = None
+            if trainer.is_global_zero and not guarded:
+                left = self._steps_left(trainer)
+                first = loop.trial_windows == 1
+                verdict = loop.judge(window, steps_left=left)
+                if first and isinstance(verdict, str) and loop.outlasts(window, left):
+                    self.say(
+                        f"{loop.trial_knob}: {left:.0f} steps left, too few to measure again: "
+                        f"{verdict} on the first pair"
+                    )
             if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict):
                 verdict = "undecided"
             if trainer.world_size > 1 and not guarded:
@@ -469,6 +478,13 @@ class Tuner:
             self._start_trial(trainer, decision)
         else:
             self.stop(decision.reason if isinstance(decision, Stop) else "no loader")
+
+    def _steps_left(self, trainer: pl.Trainer) -> float:
+        """Training batches left in the fit (``inf`` when Lightning cannot say)."""
+        batches = self.cost.batches
+        if batches is None or not math.isfinite(batches):
+            return math.inf
+        return max(0.0, batches - trainer.global_step * trainer.accumulate_grad_batches)
 
     def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
         """The fit's expected length at the baseline rate, and what tuning may cost of it."""

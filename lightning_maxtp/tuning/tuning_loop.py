@@ -21,6 +21,7 @@ settings tried are one state that every step, window and decision reads and chan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,6 +46,7 @@ from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN, judge, judged
 from lightning_maxtp.tuning.sequential import (
     CONFIRM_GAIN,
     confirmed_at_once,
+    decided_at_the_end,
     losing_early,
     wait_per_sample,
     winning_early,
@@ -356,13 +358,27 @@ class TuningLoop:
         assert self._trial is not None
         self._trial.cut_short = True
 
-    def judge(self, window: Window) -> Step:
+    def outlasts(self, window: Window, steps_left: float) -> bool:
+        """Whether re-measuring the trial (reference, then trial) needs more steps than are left.
+
+        Two windows as long as ``window``, each after the trial's settle steps.
+        """
+        assert self._trial is not None
+        return steps_left < 2 * (self._trial.settle_steps + window.steps)
+
+    def judge(self, window: Window, *, steps_left: float = math.inf) -> Step:
         """Rank zero: what this trial window decides (see ``judge.judge``).
 
         A first window cut short as losing reverts the trial; one that confirms a predicted
         gain beyond doubt keeps it (``sequential.confirmed_at_once``); one that misses a
         predicted gain of ``CONFIRM_GAIN`` or more is measured again, reference then trial,
-        before the trial is reverted.
+        before the trial is reverted. A first window that would be measured again with fewer
+        than the two windows that needs left in the fit is decided there
+        (``sequential.decided_at_the_end``).
+
+        Args:
+            window: The trial's window that closed.
+            steps_left: Training steps left in the fit (``inf``: unknown).
 
         Returns:
             ``Remeasure("old")``/``Remeasure("new")`` (measure again with those settings) or the
@@ -392,10 +408,15 @@ class TuningLoop:
             # One window against a measured prediction of a large gain: the pair is measured
             # again before the prediction loses (an epoch's start or another job's burst in
             # that window), as a window that looked like a gain would be.
-            return Remeasure("old")
-        if outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
-            return Remeasure(outcome)
-        return outcome
+            step = Remeasure("old")
+        elif outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
+            step = Remeasure(outcome)
+        else:
+            return outcome
+        if len(rates) == 2 and self.outlasts(window, steps_left):
+            gain = rates[1] / rates[0] - 1 if rates[0] > 0 else 0.0
+            return decided_at_the_end(gain, t.expected_gain, self.config.min_gain)
+        return step
 
     def advance(
         self, decision: Step, window: Window, found: tuple[Diagnosis, ...], guard: Any = None

@@ -21,11 +21,13 @@ from lightning_maxtp.observe import (
     Window,
 )
 from lightning_maxtp.tuning.config import TuningConfig
+from lightning_maxtp.tuning.decisions import Remeasure
 from lightning_maxtp.tuning.judge import judge
 from lightning_maxtp.tuning.sequential import (
     EARLY_STEPS,
     confirmed_at_once,
     cycle_steps,
+    decided_at_the_end,
     early_steps,
     losing_early,
 )
@@ -152,6 +154,28 @@ def test_the_loop_keeps_a_confirmed_prediction_after_one_pair() -> None:
     trial = lp.advance("kept", fast, ())
     assert isinstance(trial, KnobTrial) and trial.kept and trial.windows == 2
     assert trial.lost_s == 0.0  # nothing was measured twice
+
+
+def test_a_fit_that_ends_before_a_re_measure_could_is_decided_on_the_first_pair() -> None:
+    # The ResNet-18 fit of 80 steps from 4 workers: the trial to none gained ~12 % against a
+    # predicted 16 %; 35 steps were left, 16 needed for the reference and the trial again.
+    assert decided_at_the_end(0.12, 0.16, 0.05) == "kept"
+    assert decided_at_the_end(0.06, 0.16, 0.05) == "undecided", "under half the prediction"
+    assert decided_at_the_end(0.04, 0.06, 0.05) == "undecided", "under min_gain"
+    assert decided_at_the_end(0.3, None, 0.05) == "undecided", "nothing predicted it"
+    gain = [s / 1.12 for s in REF]  # 12 % faster: a re-measure, with room for it
+    for left, verdict in ((1000, Remeasure("old")), (15, "kept")):
+        lp = _loop()
+        lp.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", 10,
+                 expected_gain=0.16)  # fmt: skip
+        lp.on_step(switched=True, now=0.0)
+        window = _window(gain, wait_share=0.3)
+        assert lp.outlasts(window, left) == (left < 16)
+        assert lp.judge(window, steps_left=left) == verdict
+    lp = _loop()
+    lp.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", 10)
+    lp.on_step(switched=True, now=0.0)
+    assert lp.judge(_window(gain, wait_share=0.3), steps_left=15) == "undecided"
 
 
 def test_a_baseline_whose_every_step_waits_on_data_is_decided_early() -> None:
