@@ -162,6 +162,42 @@ def test_no_import_cycle_hidden_under_type_checking() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+STEP_PATH = [
+    "lightning_maxtp.callbacks.step_clock",
+    "lightning_maxtp.callbacks.bottleneck_monitor",
+    "lightning_maxtp.callbacks.journal",
+    "lightning_maxtp.callbacks.math_trial",
+    "lightning_maxtp.callbacks.tuner",
+    "lightning_maxtp.callbacks.max_throughput",
+]
+"""One step's timing, from the clock up to the callback: each part returns what it found to
+the one above it, which acts on it."""
+
+
+def test_the_step_path_runs_one_way() -> None:
+    # Nothing on the step path calls back into a part above it: no module imports one above it
+    # (not even for types), and no constructor below the top takes a listener or its owner. A
+    # window goes up as a return value; the owner acts on it, in turn.
+    for i, module in enumerate(STEP_PATH):
+        above = set(STEP_PATH[i + 1 :])
+        assert not TYPED_GRAPH[module] & above, f"{module} imports {TYPED_GRAPH[module] & above}"
+    for module in STEP_PATH[:-1]:
+        tree = ast.parse(MODULES[module].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                for arg in node.args.args + node.args.kwonlyargs:
+                    shown = ast.unparse(arg.annotation) if arg.annotation else ""
+                    listener = "Callable" in shown and "Window" in shown
+                    assert not listener and "Tuner" not in shown, (
+                        f"{module}: {arg.arg}: {shown} (return values up, not calls back)"
+                    )
+                    assert not arg.arg.startswith("on_"), f"{module}: a listener {arg.arg}"
+    # observe/ and tuning/ never receive a callbacks/ object, not even as a type.
+    for module, targets in TYPED_GRAPH.items():
+        if _stage(module) in ("observe", "tuning"):
+            assert not [t for t in targets if _stage(t) == "callbacks"], module
+
+
 def test_tuning_is_pure() -> None:
     # The loop's decisions are plain data in and out: no torch or lightning in any of its
     # modules, not even inside a function (the light-import test below covers import time).

@@ -68,8 +68,6 @@ class BottleneckMonitor(Callback):
         verbose: Print a profiler capture's summary when it ends and the report's summary at
             the end of fit (rank zero).
         sources: Extra sampler sources.
-        on_window: For a callback that owns this monitor: called with ``(trainer, window)``
-            when a window closes, instead of ``record`` (the owner calls ``record`` itself).
         mfu: Give each window its MFU: the device's measured peak (cached after the first fit
             on a machine) and the first batch's FLOPs, counted once (rank zero).
         flops_per_batch: The FLOPs of one training batch (forward and backward), when known:
@@ -87,7 +85,6 @@ class BottleneckMonitor(Callback):
         report_dir: str | Path | None = None,
         verbose: bool = True,
         sources: list[_sampler.Source] | None = None,
-        on_window: Callable[[pl.Trainer, Window], None] | None = None,
         mfu: bool = MONITOR.mfu,
         flops_per_batch: float | None = None,
     ) -> None:
@@ -98,7 +95,6 @@ class BottleneckMonitor(Callback):
             samples_fn=samples_fn,
             sampler_interval_s=sampler_interval_s,
             sources=sources,
-            on_window=on_window or self._record,
             mfu=mfu,
             flops_per_batch=flops_per_batch,
         )
@@ -214,9 +210,6 @@ class BottleneckMonitor(Callback):
             }
         )
 
-    def _record(self, trainer: pl.Trainer, window: Window) -> None:
-        self.record(trainer, window)
-
     def restart_window(self) -> None:
         """Start the open window over at this step boundary (a measured window starts here)."""
         self.clock.restart_window()
@@ -262,19 +255,32 @@ class BottleneckMonitor(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self.clock.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        window = self.step_end(trainer)
+        if window is not None:
+            self.record(trainer, window)
+
+    def step_end(self, trainer: pl.Trainer) -> Window | None:
+        """A training step ended: the window it closed, if any, for the owner to act on.
+
+        The hook (``on_train_batch_end``) records it; a callback that owns this monitor calls
+        this instead and records the window itself (``record``), when and how it decides.
+        """
+        window = self.clock.step_end(trainer)
         self._syncs.step()
         if self._capture is not None:
             self._capture.step()
             if self._capture.done:
                 self._finish_capture()
+        return window
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._capture is not None and self._capture.active:
             self._finish_capture()
         if self.clock.closed == self._fit_first_window:  # a fit shorter than one window
-            self.clock.close_window(trainer, min_steps=MIN_STEPS)
+            window = self.clock.close_window(trainer, min_steps=MIN_STEPS)
+            if window is not None:
+                self.record(trainer, window)
         self.clock.on_train_end(trainer, pl_module)
         remove_status()
         self._report = self.build_report()

@@ -11,7 +11,7 @@ guard failure on any rank fails the trial on all of them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.callbacks.guard import GuardCheck, NumericsGuard, loss_band
 from lightning_maxtp.knobs.base import NotOffered
@@ -29,26 +29,14 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
     from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
+    from lightning_maxtp.callbacks.journal import Journal
     from lightning_maxtp.callbacks.knobs import Knobs
     from lightning_maxtp.callbacks.math_knobs import MathKnobs
     from lightning_maxtp.tuning.config import TuningConfig
     from lightning_maxtp.tuning.trials import KnobTrial
     from lightning_maxtp.tuning.tuning_loop import TuningLoop
 
-__all__ = ["MathTrials", "TuningLog"]
-
-
-class TuningLog(Protocol):
-    """Where the math trials report what the user reads (the Tuner)."""
-
-    def note(self, text: str) -> None:
-        """A caveat for the report (said once)."""
-
-    def drop_notes(self, prefix: str) -> None:
-        """Forget the notes starting with ``prefix`` (no longer true)."""
-
-    def record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
-        """A knob changed outside a trial's own switches."""
+__all__ = ["MathTrials"]
 
 
 class MathTrials:
@@ -60,7 +48,7 @@ class MathTrials:
         monitor: Its clock's step log (the switch cost) and its job context.
         knobs: The fit's settings, with its math knobs (``knobs.math``).
         guard: The numerics guard (``enabled`` when a guarded knob is allowed).
-        log: Where notes and knob changes go.
+        journal: Where notes and knob changes go (shared with the Tuner).
     """
 
     def __init__(  # noqa: PLR0917 (the five parts it works on, and where it reports)
@@ -70,10 +58,10 @@ class MathTrials:
         monitor: BottleneckMonitor,
         knobs: Knobs,
         guard: NumericsGuard,
-        log: TuningLog,
+        journal: Journal,
     ) -> None:
         self.config, self.loop, self.monitor = config, loop, monitor
-        self.knobs, self.guard, self.log = knobs, guard, log
+        self.knobs, self.guard, self.journal = knobs, guard, journal
 
     @property
     def math(self) -> MathKnobs:
@@ -99,7 +87,7 @@ class MathTrials:
             and (not knob_class(k).named_only or k in named)
         ]
         if missing and self.config.allow != "all":
-            self.log.note(
+            self.journal.note(
                 f"not allowed: {', '.join(missing)} (the {kind} bottleneck seen while tuning "
                 "points to them; allow='all' tries each behind a numerics guard)"
             )
@@ -116,7 +104,7 @@ class MathTrials:
                 offer = NotOffered(f"less tuning budget left than it needs ({needs})")
             if isinstance(offer, NotOffered):
                 if not offer.quiet and self.config.allow != "safe":
-                    self.log.note(f"{knob} not tried: {offer}")
+                    self.journal.note(f"{knob} not tried: {offer}")
                 continue
             if (knob, repr(offer.proposed)) in self.loop.tried:
                 continue
@@ -164,7 +152,7 @@ class MathTrials:
     def start(self, trainer: pl.Trainer, knob: str) -> None:
         """Before a trial: snapshot the state for a guarded knob."""
         if knob in MATH_KNOBS and knob_class(knob).min_budget_s:  # the budget grew since
-            self.log.drop_notes(f"{knob} not tried: less tuning budget")
+            self.journal.drop_notes(f"{knob} not tried: less tuning budget")
         if knob in GUARDED and self.guard.enabled:
             self.guard.snapshot(trainer)
 
@@ -177,7 +165,7 @@ class MathTrials:
         if trial.verdict == "guarded":
             restored = guard.restore(trainer)
             step = guard.snapshot_step
-            self.log.note(
+            self.journal.note(
                 f"numerics guard: {trial.knob} {trial.old} -> {trial.new} reverted at step "
                 f"{trainer.global_step}; {trial.guard}; the state of step {step} restored "
                 f"({'done' if restored else 'no snapshot'})"
@@ -210,8 +198,10 @@ class MathTrials:
         guard.drop()
         self.monitor.clock.update_context(**self.knobs.context())
         for knob, (old, original) in changes.items():
-            self.log.record_change(knob, old, original, f"reverted by the numerics guard: {check}")
-            self.log.note(
+            self.journal.record_change(
+                knob, old, original, f"reverted by the numerics guard: {check}"
+            )
+            self.journal.note(
                 f"numerics guard: {knob} {old} -> {original} at step {trainer.global_step} "
                 f"({check.reason}); the state of step {step} restored "
                 f"({'done' if restored else 'no snapshot'})"
@@ -237,7 +227,7 @@ class MathTrials:
         why = resize_reason(trainer, "batch_size")
         by_flag = self.config.allow_batch_size_change
         if why is not None and self.config.allow == "all" and not by_flag:
-            self.log.note(f"batch_size not tried: {why}")
+            self.journal.note(f"batch_size not tried: {why}")
             return None
         if why is not None:
             asked = "`allow_batch_size_change=True`" if by_flag else "`allow` names 'batch_size'"

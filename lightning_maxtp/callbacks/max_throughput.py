@@ -25,7 +25,6 @@ from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.bottleneck_monitor import BottleneckMonitor
 from lightning_maxtp.callbacks.console import fit, plan_brief, result_lines, verbosity
 from lightning_maxtp.callbacks.loader_trial import plan_line, tried_knobs
-from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.tuner import Tuner
@@ -37,7 +36,6 @@ from lightning_maxtp.observe.window import Window
 from lightning_maxtp.tuning.allow import Allow
 from lightning_maxtp.tuning.config import DEFAULTS, TuningConfig, tuning_config
 from lightning_maxtp.tuning.trials import KnobTrial, TuningSummary
-from lightning_maxtp.tuning.tuning_loop import window_rate
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -201,7 +199,6 @@ class MaxThroughputCallback(Callback):
             sampler_interval_s=sampler_interval_s,
             capture=capture,
             verbose=False,
-            on_window=self._on_window,
             mfu=mfu,
             flops_per_batch=flops_per_batch,
         )
@@ -212,7 +209,6 @@ class MaxThroughputCallback(Callback):
         self.batch_plan: Any = None
         self._tuner = Tuner(self.config, self._monitor, None, verbosity=self.verbosity)
         self._report: ThroughputReport | None = None
-        self._closing = False
         self._carried: dict[str, Any] | None = None
 
     @property
@@ -270,6 +266,7 @@ class MaxThroughputCallback(Callback):
             self._monitor,
             resources,
             verbosity=self.verbosity,
+            progress_bar=self.progress_bar,
             carried=self._carried,
             world_size=trainer.world_size,
             local_ranks=trainer.num_devices,
@@ -353,38 +350,7 @@ class MaxThroughputCallback(Callback):
         batch_idx: int,
     ) -> None:
         self._tuner.guard.record(outputs)  # before the window this step may close
-        self._monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._tuner.on_step(trainer)
-
-    def _on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        loop = self._tuner.loop
-        self._tuner.window_losses = self._tuner.guard.take()
-        if self._closing:  # the fit's last steps, under the settings in force
-            self._tuner.monitored(window, self._monitor.record(trainer, window, may_capture=False))
-        elif loop.measuring:  # no profiler inside a measured window
-            found = self._monitor.record(trainer, window, may_capture=False)
-            self._tuner.measured(trainer, window, found)
-            if self.progress_bar:
-                self._show_progress(trainer, window)
-        elif loop.finished:
-            self._tuner.monitored(window, self._monitor.record(trainer, window), trainer)
-        else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
-            self._monitor.record(trainer, window, may_capture=False)
-
-    def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
-        """Tuning progress in the progress bar: rate of the window, trials, whether done."""
-        module = trainer.lightning_module
-        util = window.utilization
-        mfu = None if util is None else util.mfu
-        values = (
-            window_rate(window),
-            len(self.trials),
-            float(not self._tuner.loop.finished),
-            mfu,
-        )
-        for name, value in zip(PROGRESS_BAR, values, strict=True):
-            if value is not None:  # no FLOP count or peak: no MFU shown
-                module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
+        self._tuner.on_step(trainer, self._monitor.step_end(trainer))
 
     # -- report -----------------------------------------------------------------------------
 
@@ -393,9 +359,9 @@ class MaxThroughputCallback(Callback):
         loop = self._tuner.loop
         if (loop.finished and not self._tuner.final) or loop.ref is None:
             # No window under the settings in force closed: the steps run since make one.
-            self._closing = True
-            self._monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
-            self._closing = False
+            window = self._monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
+            if window is not None:
+                self._tuner.on_window(trainer, window, closing=True)
         self._tuner.end()
         self._carried = self._tuner.state() or self._carried  # for the next fit of this callback
         self._monitor.on_train_end(trainer, pl_module)

@@ -64,8 +64,10 @@ def count_samples(batch: Any) -> int:
 class StepClock(Callback):
     """Measures each training step and closes a ``Window`` every ``window_steps`` steps.
 
-    Use it as a callback of its own, or own one inside another callback and call its hooks from
-    yours (``BottleneckMonitor`` does): each closed window goes to ``on_window``.
+    Use it as a callback of its own (each closed window is kept in ``windows``), or own one
+    inside another callback and call its hooks from yours (``BottleneckMonitor`` does): the
+    step's end (``step_end``) returns the window it closed, and ``close_window`` the one it
+    closes now. Nothing is called back: the owner acts on what is returned.
 
     Args:
         window_steps: Steps per window.
@@ -73,7 +75,6 @@ class StepClock(Callback):
         sampler_interval_s: Background sampling period; ``None`` disables the sampler.
         sources: Extra sampler sources (tests inject failing ones here).
         keep_windows: Windows kept in ``self.windows`` (oldest dropped).
-        on_window: Called on every rank with ``(trainer, window)`` when a window closes.
         mfu: Read the device's peak and count the first batch's FLOPs (rank zero), so each
             window carries its MFU.
         flops_per_batch: The FLOPs of one training batch (forward and backward) when known:
@@ -88,7 +89,6 @@ class StepClock(Callback):
         sampler_interval_s: float | None = MONITOR.sampler_interval_s,
         sources: list[_sampler.Source] | None = None,
         keep_windows: int = 1000,
-        on_window: Callable[[pl.Trainer, Window], None] | None = None,
         mfu: bool = MONITOR.mfu,
         flops_per_batch: float | None = None,
     ) -> None:
@@ -113,7 +113,6 @@ class StepClock(Callback):
         self.missing_sources: list[str] = []
         """Why each expected sampler source did not start this fit (the report's notes)."""
         self.keep_windows = keep_windows
-        self.listener = on_window
         self.flops = FlopMeter(enabled=mfu, flops_per_batch=flops_per_batch)
         self.gc = GcPauses()
         self.windows: list[Window] = []
@@ -227,6 +226,13 @@ class StepClock(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        self.step_end(trainer)
+
+    def step_end(self, trainer: pl.Trainer) -> Window | None:
+        """A training step ended: time it; the window it closes, if it closes one.
+
+        Call it on every rank (under DDP the ranks gather a summary of each window).
+        """
         now, cpu = time.perf_counter(), time.thread_time()
         flops = self.flops.after_batch()
         if flops is not None and self.context.flops_per_sample != flops:
@@ -243,7 +249,8 @@ class StepClock(Callback):
         self._last_end, self._last_end_cpu = now, cpu
         self._step += 1
         if len(self._buf["step"]) >= self.window_steps:
-            self._close(trainer)
+            return self._close(trainer)
+        return None
 
     def restart_step(self) -> None:
         """The time since the last step ended belongs to no step.
@@ -264,7 +271,7 @@ class StepClock(Callback):
         b["end"].append(now)
         self.step_log.append((self.elapsed_s(now), step_s, wait_s))
 
-    def _close(self, trainer: pl.Trainer) -> None:
+    def _close(self, trainer: pl.Trainer) -> Window:
         b = self._buf
         n = len(b["step"])
         t_end = self.elapsed_s()
@@ -299,7 +306,7 @@ class StepClock(Callback):
             spread = gather_spread(trainer, window)
             if spread is not None:
                 self.spreads.append(spread)
-        self.on_window(trainer, window)
+        return window
 
     def _carry_epochs(self, window: Window) -> Window:
         """A window with what an epoch boundary costs under its loader settings.
@@ -316,11 +323,6 @@ class StepClock(Callback):
             return window
         carried = self._epochs.get(key)
         return window if carried is None else dataclasses.replace(window, carried_epoch_s=carried)
-
-    def on_window(self, trainer: pl.Trainer, window: Window) -> None:
-        """Called on every rank when a window closes: passes it to the ``on_window`` listener."""
-        if self.listener is not None:
-            self.listener(trainer, window)
 
     @property
     def open_steps(self) -> int:
@@ -342,8 +344,7 @@ class StepClock(Callback):
         """
         if self.open_steps < min_steps:
             return None
-        self._close(trainer)
-        return self.windows[-1]
+        return self._close(trainer)
 
     def elapsed_s(self, now: float | None = None) -> float:
         """Seconds since the fit's clock started (the sampler's zero, when it runs)."""

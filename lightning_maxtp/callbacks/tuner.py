@@ -18,10 +18,10 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp._log import rank_zero_info
 from lightning_maxtp.callbacks.console import Verbosity, baseline_line, trial_line
 from lightning_maxtp.callbacks.drift import explain_drift, snapshot
 from lightning_maxtp.callbacks.guard import NumericsGuard
+from lightning_maxtp.callbacks.journal import Journal
 from lightning_maxtp.callbacks.knobs import Knobs
 from lightning_maxtp.callbacks.loader_trial import (
     measure_loader,
@@ -31,12 +31,13 @@ from lightning_maxtp.callbacks.loader_trial import (
 )
 from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.callbacks.math_trial import MathTrials
+from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.knobs.base import Offer
 from lightning_maxtp.knobs.registry import GUARDED, MATH_KNOBS, knob_class
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.job_model import JobModel
-from lightning_maxtp.observe.report import KnobChange, ThroughputReport
+from lightning_maxtp.observe.report import ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
 from lightning_maxtp.tuning.affordable import (
     Funds,
@@ -129,6 +130,7 @@ class Tuner:
         resources: Resources | None,
         *,
         verbosity: Verbosity,
+        progress_bar: bool = False,
         carried: dict[str, Any] | None = None,
         world_size: int = 1,
         local_ranks: int = 1,
@@ -136,6 +138,7 @@ class Tuner:
     ) -> None:
         self.config, self.monitor, self.resources = config, monitor, resources
         self.verbosity, self.carried = verbosity, carried
+        self.progress_bar = progress_bar
         self.world_size, self.local_ranks = world_size, local_ranks
         self.loop = TuningLoop(config)
         self.loader: SwitchableLoader | None = None
@@ -143,17 +146,21 @@ class Tuner:
         self.knobs = Knobs(lambda: self.loader, self.math)
         self.guard = NumericsGuard()
         self.guard.enabled = bool(GUARDED & set(allowed))
-        self.math_trials = MathTrials(config, self.loop, monitor, self.knobs, self.guard, self)
+        self.journal = Journal(verbosity, monitor.elapsed_s)
+        """The report's notes and knob changes, and the loop's lines (the math trials' too)."""
+        self.math_trials = MathTrials(
+            config, self.loop, monitor, self.knobs, self.guard, self.journal
+        )
         self.window_losses: list[float] = []
         """The losses of the window being handed to ``measured``/``monitored``."""
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
-        self.knob_changes: list[KnobChange] = []
+        self.knob_changes = self.journal.knob_changes
         self.cost = TuningCost()
         self.final: list[tuple[Window, tuple[Any, ...]]] = []
         """Windows measured under the settings in force since tuning ended, with diagnoses."""
-        self.notes: list[str] = []
+        self.notes = self.journal.notes
         self.spans: list[tuple[str, float, float]] = []
         """Blocked spans, ``("blocked", start_s, end_s)`` on the monitor's clock."""
         self._tuning_span: list[float] = []
@@ -212,7 +219,7 @@ class Tuner:
             return loader
         why = switchable_reason(loader)
         if why is not None:
-            self.note(f"loader knobs not changed: {why}")
+            self.journal.note(f"loader knobs not changed: {why}")
             return loader
         previous = self.loader  # Lightning reloads its loaders (reload_dataloaders_every_n_epochs)
         cpus = int(self.resources.cpu.effective) if self.resources else 1
@@ -295,12 +302,15 @@ class Tuner:
         settings = {**self.loader.settings(), **self.math.in_force}
         return state(settings, machine, loader_key(self.source_loader))
 
-    def on_step(self, trainer: pl.Trainer) -> None:
-        """A training step ended: a measured window may start at this boundary.
+    def on_step(self, trainer: pl.Trainer, window: Window | None) -> None:
+        """A training step ended, closing ``window`` (or none): act on it, then on the step.
 
-        A step into a trial's first window, it may end early (``_cut_losing``), and so may a
-        baseline that is data-bound beyond doubt (``_decided_baseline``).
+        A measured window may start at this boundary. A step into a trial's first window, it
+        may end early (``_cut_losing``), and so may a baseline that is data-bound beyond doubt
+        (``_decided_baseline``): the window they close is acted on here, in turn.
         """
+        if window is not None:
+            self.on_window(trainer, window)
         self._cut_losing(trainer)
         self._decided_baseline(trainer)
         self._settle_longer(trainer)
@@ -320,6 +330,38 @@ class Tuner:
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
                 self._tuning_span.append(self.monitor.elapsed_s())
+
+    def on_window(self, trainer: pl.Trainer, window: Window, *, closing: bool = False) -> None:
+        """Act on a closed window: record its diagnosis, then judge it, monitor it, or neither.
+
+        Args:
+            trainer: The fit's trainer.
+            window: The window the clock closed.
+            closing: The fit's last steps, under the settings in force (closed at its end).
+        """
+        loop, monitor = self.loop, self.monitor
+        self.window_losses = self.guard.take()
+        if closing:
+            self.monitored(window, monitor.record(trainer, window, may_capture=False))
+        elif loop.measuring:  # no profiler inside a measured window
+            found = monitor.record(trainer, window, may_capture=False)
+            self.measured(trainer, window, found)
+            if self.progress_bar:
+                self._show_progress(trainer, window)
+        elif loop.finished:
+            self.monitored(window, monitor.record(trainer, window), trainer)
+        else:  # warm-up or settle steps: reported, never judged, no profiler before tuning ends
+            monitor.record(trainer, window, may_capture=False)
+
+    def _show_progress(self, trainer: pl.Trainer, window: Window) -> None:
+        """Tuning progress in the progress bar: rate of the window, trials, whether done."""
+        module = trainer.lightning_module
+        util = window.utilization
+        mfu = None if util is None else util.mfu
+        values = (window_rate(window), len(self.trials), float(not self.loop.finished), mfu)
+        for name, value in zip(PROGRESS_BAR, values, strict=True):
+            if value is not None:  # no FLOP count or peak: no MFU shown
+                module.log(name, float(value), prog_bar=True, logger=False, on_step=True)
 
     def _workers(self, settings: dict[str, Any] | None = None) -> int:
         """The loader's workers under ``settings`` (default: those in force); 0 without one."""
@@ -381,16 +423,22 @@ class Tuner:
             early = trainer.strategy.broadcast(early, src=0)
         if early == "losing":
             loop.cut_short()
-            self.say(
+            self.journal.say(
                 f"{loop.trial_knob}: slower on every one of {clock.open_steps} steps: cut short"
             )
-            clock.close_window(trainer)
+            self._close_now(trainer)
         elif early == "winning":
-            self.say(
+            self.journal.say(
                 f"{loop.trial_knob}: faster as predicted on every one of {clock.open_steps} "
                 "steps: judged now"
             )
-            clock.close_window(trainer)
+            self._close_now(trainer)
+
+    def _close_now(self, trainer: pl.Trainer) -> None:
+        """Close the open window at this step (every rank) and act on it (``on_window``)."""
+        window = self.monitor.clock.close_window(trainer)
+        if window is not None:
+            self.on_window(trainer, window)
 
     def _settle_longer(self, trainer: pl.Trainer) -> None:
         """A compile's settle ends only once its steps run near the reference again.
@@ -432,8 +480,10 @@ class Tuner:
         if trainer.world_size > 1:
             decided = trainer.strategy.broadcast(decided, src=0)
         if decided:
-            self.say(f"baseline: every one of {clock.open_steps} steps waits on data: decided")
-            clock.close_window(trainer)
+            self.journal.say(
+                f"baseline: every one of {clock.open_steps} steps waits on data: decided"
+            )
+            self._close_now(trainer)
 
     def measured(self, trainer: pl.Trainer, window: Window, found: tuple[Any, ...]) -> None:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
@@ -446,7 +496,7 @@ class Tuner:
             if model is not None:  # what loading costs, for windows too short to read it
                 self.monitor.clock.update_context(loading_s=(model.load_s, model.load_cpu_s))
             self._budget(trainer, window)
-            self.say(
+            self.journal.say(
                 f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
                 f"data wait {window.data_wait_share:.0%}; {top_line(found)}",
                 brief=baseline_line(window_rate(window), found, self.cost),
@@ -459,7 +509,7 @@ class Tuner:
                 first = loop.trial_windows == 1
                 verdict = loop.judge(window, steps_left=left)
                 if first and isinstance(verdict, str) and loop.outlasts(window, left):
-                    self.say(
+                    self.journal.say(
                         f"{loop.trial_knob}: {left:.0f} steps left, too few to measure again: "
                         f"{verdict} on the first pair"
                     )
@@ -494,7 +544,7 @@ class Tuner:
         except Exception as err:  # Lightning's estimate fails its own way per loader/strategy
             batches, why = math.inf, f"{type(err).__name__}: {err}"
         if not math.isfinite(batches) and self.config.cost_share is not None:
-            self.note(
+            self.journal.note(
                 f"the fit's length is unknown ({why}): no tuning budget from cost_share; "
                 "trials are bounded by max_trials and time_budget_s"
             )
@@ -569,7 +619,7 @@ class Tuner:
         loop.resume(window, found, now=time.perf_counter())
         self.monitor.window_steps = self._turns(self.window_steps)
         self._tuning_span.append(self.monitor.elapsed_s())
-        self.say(f"one more trial after tuning: {top_line(found)}")
+        self.journal.say(f"one more trial after tuning: {top_line(found)}")
         self._start_trial(trainer, change)
 
     def watch_drift(self, window: Window) -> None:
@@ -592,7 +642,7 @@ class Tuner:
                 "long steps checked)"
             )
             last = self.monitor.diagnoses[-1] if self.monitor.diagnoses else ()
-            self.note(
+            self.journal.note(
                 f"throughput drifted at step {window.first_step}: "
                 f"{window_rate(window):.1f} vs {tuned:.1f} samples/s tuned: {why}; "
                 f"{top_line(last)}"
@@ -657,7 +707,7 @@ class Tuner:
         settings, why = decision if decision is not None else (None, "")
         if settings is None:
             if why:
-                self.note(why)
+                self.journal.note(why)
             return
         # Math knobs come back only where this fit allows them and could try them (its Trainer's
         # precision or strategy may differ from the fit that kept them).
@@ -672,23 +722,6 @@ class Tuner:
         if changed:
             self.knobs.request(**changed)
         self.stop(why, converged=True)
-
-    def note(self, text: str) -> None:
-        """A caveat for the report (said once)."""
-        if text not in self.notes:
-            self.notes.append(text)
-            self.say(text)
-
-    def drop_notes(self, prefix: str) -> None:
-        """Forget the notes starting with ``prefix`` (no longer true)."""
-        self.notes[:] = [n for n in self.notes if not n.startswith(prefix)]
-
-    def say(self, text: str, *, brief: str | None = None) -> None:
-        """One step of the loop: ``text`` at ``"steps"``, its ``brief`` line (if any) by default."""
-        line = {"steps": text, "brief": brief}.get(self.verbosity)
-        if line is not None:
-            rank_zero_info(line)
-        log.debug(text)
 
     # -- the steps of the loop --------------------------------------------------------------
 
@@ -761,7 +794,7 @@ class Tuner:
             most=self.config.max_workers,
         )
         if isinstance(answer, str):
-            self.note(answer)
+            self.journal.note(answer)
             return None
         return answer
 
@@ -815,7 +848,7 @@ class Tuner:
             expected_gain=self.loop.trial_expected_gain,
         )
         if why is not None:
-            self.note(why)
+            self.journal.note(why)
         return why is None
 
     def _unpaid(self, change: Try, settings: dict[str, Any], *, once: bool = False) -> str:
@@ -827,7 +860,7 @@ class Tuner:
         key = fmt_settings(change.settings)
         if not once or key not in self._unpaid_noted:
             self._unpaid_noted.add(key)
-            self.note(f"not tried: {text}")
+            self.journal.note(f"not tried: {text}")
         return text
 
     def _plan_change(self) -> Try | None:
@@ -842,7 +875,7 @@ class Tuner:
         if most is not None and workers >= most:
             # The search could only try fewer workers or a deeper prefetch: the loop tries those
             # on real steps without stopping training to measure the loader alone.
-            self.note(
+            self.journal.note(
                 f"the loader is not measured alone: it already has {workers} workers, the most the "
                 "search may try on this machine; single knobs are tried on real steps instead"
             )
@@ -861,7 +894,7 @@ class Tuner:
         seconds = min(self.config.loader_time_budget_s, left)
         floor = search_floor_s(ref)
         if seconds < floor:  # the search would end before it measured one worker in full
-            self.note(
+            self.journal.note(
                 "the loader is not measured alone: comparing no worker with one needs about "
                 f"{floor:.1f} s, and training may wait only {max(0.0, seconds):.2f} s for it "
                 f"({reserve:.2f} s of the budget left kept for the trial it would propose; the "
@@ -872,7 +905,7 @@ class Tuner:
             self.loader_plan = False
             return None
         rate = self.loop.ref.device_samples_per_s
-        self.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
+        self.journal.say(f"measuring the loader alone against {rate:.1f} samples/s consumption")
         started, at = time.perf_counter(), self.monitor.elapsed_s()
         try:
             self.loader_plan = measure_loader(
@@ -884,7 +917,7 @@ class Tuner:
                 local_ranks=self.local_ranks,
             )
         except Exception as err:  # advisory: the diagnosis loop still runs without it
-            self.note(f"tune_dataloader failed, skipped: {err!r}")
+            self.journal.note(f"tune_dataloader failed, skipped: {err!r}")
             self.loader_plan = False
             return None
         finally:
@@ -918,9 +951,9 @@ class Tuner:
             expected_gain=change.expected_gain,
             admitted=admitted,
         )
-        self.record_change(knob, old, new, f"trying: {why}")
+        self.journal.record_change(knob, old, new, f"trying: {why}")
         started = "" if admitted is None or admitted.rule == "budget" else f"; started {admitted}"
-        self.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why}{started})")
+        self.journal.say(f"trying {fmt_settings(old)} -> {fmt_settings(new)} ({why}{started})")
 
     def _continue_trial(
         self, verdict: Step, window: Window, found: tuple[Any, ...], check: Any = None
@@ -936,15 +969,17 @@ class Tuner:
             self._mark_switch(target)
             self.knobs.request(**target)
             self.monitor.clock.update_context(**self.knobs.context())
-            self.record_change(self._last_knob, current, target, f"re-measuring {what}")
-            self.say(f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}")
+            self.journal.record_change(self._last_knob, current, target, f"re-measuring {what}")
+            self.journal.say(
+                f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}"
+            )
             return True
         self._finish_trial(trial)
         return False
 
     def _finish_trial(self, trial: KnobTrial) -> None:
         assert self.loader is not None
-        self.say(str(trial), brief=trial_line(trial))
+        self.journal.say(str(trial), brief=trial_line(trial))
         old = self._last_old
         current = self.knobs.current(old)
         # Nothing to undo when kept, or when the fit ended while re-measuring the original.
@@ -952,7 +987,9 @@ class Tuner:
             self._undone_at = self.loop.steps
             self._mark_switch(old)
             self.knobs.request(**old)
-            self.record_change(trial.knob, current, old, trial.undo_reason(self.config.min_gain))
+            self.journal.record_change(
+                trial.knob, current, old, trial.undo_reason(self.config.min_gain)
+            )
         if trial.kept:
             self._ref_state = snapshot(self.math)
         if self._before_resume is not None:  # one more trial: unless kept, the windows before
@@ -974,14 +1011,7 @@ class Tuner:
             # resized) are not the settings' rate, so the first monitoring window starts after
             # them, as a trial's windows do.
             self._settle_left = max(1, self.config.settle_steps)
-        self.say(
+        self.journal.say(
             f"tuning done after {self.summary.tuning_s:.1f} s: {reason}; now monitoring "
             f"every {steps} steps"
         )
-
-    def record_change(self, knob: str, old: Any, new: Any, reason: str) -> None:
-        """A knob change for the report, at the monitor's time now."""
-        change = KnobChange(
-            self.monitor.elapsed_s(), knob, fmt_settings(old), fmt_settings(new), reason
-        )
-        self.knob_changes.append(change)

@@ -112,7 +112,7 @@ def _fewer_workers_trial(settle_s: float) -> tuple[Tuner, SwitchableLoader]:
 
     def step(seconds: float) -> None:  # a training step ends, as the monitor's clock logs it
         monitor.clock.step_log.append((monitor.clock.elapsed_s(), seconds, 0.0))
-        tuner.on_step(trainer)  # type: ignore[arg-type]
+        tuner.on_step(trainer, None)  # type: ignore[arg-type]
 
     step(1e-3)  # the warm-up: the baseline window starts
     rec = Recommendation("num_workers", 4, 0, "4 workers take the step's cores", True)
