@@ -1,7 +1,7 @@
 """What tuning tells the user: the report's notes, its knob changes, and the log's lines.
 
-One object that the Tuner and the math trials both write to, so neither reports through the
-other (the math trials held the Tuner itself as their log before).
+One object that the Tuner and the math trials both write to, so that neither reports through
+the other: the parts below the Tuner never hold it.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The next allowed knob, the numerics guard around its trial, and the watch on a kept precision
 change after tuning. ``MathKnobs`` switches the knobs and ``NumericsGuard`` snapshots and
 checks; ``MathTrials`` decides when, from what it is given: the config, the loop's state, the
-monitor's clock, the knobs and the guard. It reports through a ``TuningLog`` (notes, knob
-changes; the Tuner is one) and returns what it costs instead of writing it anywhere. Under
+monitor's clock, the knobs and the guard. It reports to the ``Journal`` it shares with the
+Tuner (notes, knob changes) and returns what it costs instead of writing it anywhere. Under
 DDP every rank runs the same steps at the same training step: rank zero picks the knob, and a
 guard failure on any rank fails the trial on all of them.
 """

@@ -116,6 +116,7 @@ class Tuner:
         resources: The probe's result (CPU budget, GPUs) for the loader measurement.
         verbosity: What the loop prints on rank zero (``console.verbosity``): nothing, the
             brief lines (plan, baseline, a line per trial, result), or every step.
+        progress_bar: Show the tuning's rate, trials, state and MFU in the progress bar.
         carried: Settings tuned earlier (the callback's checkpoint state, or its last fit's),
             applied at once when the machine and the loader match (``carry``).
         world_size: Ranks of the fit (part of what the settings were tuned on).
@@ -172,6 +173,8 @@ class Tuner:
         """The loop's step at which a trial's settings were last undone."""
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
+        self._resumed_batches = 0
+        """Batches run before this fit began (a fit resumed from a checkpoint)."""
         self._early_checked: int | None = None
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
@@ -278,6 +281,7 @@ class Tuner:
         """
         from lightning_maxtp._compat.torch_modules import is_compiled
 
+        self._resumed_batches = trainer.global_step * trainer.accumulate_grad_batches
         loader = self.loader
         workers = None if loader is None else loader.settings()["num_workers"]
         if workers == 0 and not is_compiled(trainer.lightning_module):
@@ -489,6 +493,7 @@ class Tuner:
         """A baseline or trial window closed: judge it; measure again, try the next, or stop."""
         loop = self.loop
         check = self.math_trials.guard_window(trainer, self.window_losses)
+        ending, left = "", self._steps_left()
         if loop.phase == "baseline":
             loop.record_baseline(window, found)
             self._ref_state = snapshot(self.math)  # what a later drift is compared with
@@ -505,14 +510,15 @@ class Tuner:
             guarded = check is not None and not check.passed  # the same on every rank
             verdict = None
             if trainer.is_global_zero and not guarded:
-                left = self._steps_left(trainer)
-                first = loop.trial_windows == 1
                 verdict = loop.judge(window, steps_left=left)
-                if first and isinstance(verdict, str) and loop.outlasts(window, left):
-                    self.journal.say(
-                        f"{loop.trial_knob}: {left:.0f} steps left, too few to measure again: "
-                        f"{verdict} on the first pair"
+                # Decided on its first pair because the fit ends (``decided_at_the_end``):
+                # without the steps left it would be measured again.
+                if isinstance(verdict, str) and isinstance(loop.judge(window), Remeasure):
+                    ending = (
+                        f"the fit ends in {left:.0f} steps, too few to measure "
+                        f"{loop.trial_knob} again or try another change"
                     )
+                    self.journal.say(f"{ending}: {verdict} on its first pair")
             if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict):
                 verdict = "undecided"
             if trainer.world_size > 1 and not guarded:
@@ -521,7 +527,9 @@ class Tuner:
             assert verdict is not None
             if self._continue_trial(verdict, window, found, check):
                 return
-        decision = self._decide() if trainer.is_global_zero else None
+        decision = None
+        if trainer.is_global_zero:
+            decision = Stop(ending) if ending else self._decide()
         if trainer.world_size > 1:
             decision = trainer.strategy.broadcast(decision, src=0)
         if isinstance(decision, Try):
@@ -529,12 +537,17 @@ class Tuner:
         else:
             self.stop(decision.reason if isinstance(decision, Stop) else "no loader")
 
-    def _steps_left(self, trainer: pl.Trainer) -> float:
-        """Training batches left in the fit (``inf`` when Lightning cannot say)."""
+    def _steps_left(self) -> float:
+        """Training batches left in the fit (``inf`` when Lightning cannot say).
+
+        Counted as the loop counts them, a step per batch since the fit began from where it
+        resumed: an optimizer step is several batches under accumulation, and several
+        optimizer steps a batch under manual optimization.
+        """
         batches = self.cost.batches
         if batches is None or not math.isfinite(batches):
             return math.inf
-        return max(0.0, batches - trainer.global_step * trainer.accumulate_grad_batches)
+        return max(0.0, batches - self._resumed_batches - self.loop.steps)
 
     def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
         """The fit's expected length at the baseline rate, and what tuning may cost of it."""
@@ -600,7 +613,8 @@ class Tuner:
         ):
             return
         change = None
-        if trainer.is_global_zero and len(loop.trials) < self.config.max_trials:
+        room = loop.room(self._steps_left())
+        if trainer.is_global_zero and len(loop.trials) < self.config.max_trials and room:
             settings = self.knobs.context()
             device = self.monitor.context.device_type
             loop.skipped.clear()
@@ -746,7 +760,12 @@ class Tuner:
         self.loop.skipped.clear()  # the budget may pay now for what it could not before
         while True:
             decision = self.loop.decide(
-                settings, device_type=device, now=time.perf_counter(), plan=plan, math=math_knob
+                settings,
+                device_type=device,
+                now=time.perf_counter(),
+                steps_left=self._steps_left(),
+                plan=plan,
+                math=math_knob,
             )
             proposed = decision
             if isinstance(decision, Try) and decision is not plan and decision is not math_knob:
@@ -790,7 +809,7 @@ class Tuner:
             window or self.loop.ref,
             batches=self.cost.batches,
             steps_done=self.loop.steps,
-            start_s=self.switches.per_start,
+            per_start=self.switches.per_start,
             most=self.config.max_workers,
         )
         if isinstance(answer, str):

@@ -222,7 +222,7 @@ def sized(
     *,
     batches: float | None,
     steps_done: int,
-    start_s: tuple[float, float],
+    per_start: tuple[float, float],
     most: int | None,
 ) -> Try | str:
     """A modelled worker change sized to the rest of this fit, or why none is tried.
@@ -237,7 +237,7 @@ def sized(
         window: The window that named it (the reference, or one monitored after tuning).
         batches: Training batches the fit is expected to run (``None`` or ``inf``: unknown).
         steps_done: Steps run so far.
-        start_s: What starting workers costs, ``(base, per worker)`` seconds
+        per_start: What starting workers costs, ``(base, per worker)`` seconds
             (``Switches.per_start``).
         most: The user's cap on the workers (``max_workers``).
 
@@ -252,7 +252,7 @@ def sized(
     if model is None or batches is None or not math.isfinite(batches) or not window.steps:
         return change
     samples_left = max(0.0, batches - steps_done) * sum(window.samples) / window.steps
-    choice = model.choose(most=most, samples_left=samples_left, start_s=start_s)
+    choice = model.choose(most=most, samples_left=samples_left, start_s=per_start)
     settings = {"num_workers": choice.workers}
     if choice.workers == model.workers:
         return (

@@ -1,6 +1,6 @@
 """Deciding a trial as soon as the evidence allows, either way (pure, plain numbers).
 
-Three shortcuts beside ``judge``'s alternating windows:
+Shortcuts beside ``judge``'s alternating windows:
 
 - **A baseline beyond doubt ends early.** When every one of its first ``EARLY_STEPS`` (or
   more) steps waits for data at least ``DATA_WAIT_SHARE_STRONG`` of its time, the job is
@@ -39,7 +39,8 @@ Three shortcuts beside ``judge``'s alternating windows:
   predicted 15-16 %, its re-measure switched the workers back on, and the fit ended 1.12-1.15x
   the better hand setting.
 
-Every read spans whole turns of the loader's workers (``cycle_steps``): workers started
+Every tuning window (but one an epoch long) and every early read spans whole turns of the
+loader's workers (``cycle_steps``): workers started
 together each load one batch in about the same time, so their batches arrive in bursts of as
 many as there are workers. A window of a whole number of bursts holds as many waits as it has
 bursts; any other length holds a fraction of one more or less. Measured on a loader of 4
@@ -97,7 +98,7 @@ def cycle_steps(steps: int, workers: int) -> int:
 
 def decided_at_the_end(
     gain: float, expected_gain: float | None, min_gain: float
-) -> Literal["kept", "undecided"]:
+) -> Literal["kept", "reverted", "undecided"]:
     """A first pair's verdict when the fit ends before its re-measure could (the docstring above).
 
     Args:
@@ -106,9 +107,11 @@ def decided_at_the_end(
         min_gain: The least gain a trial is kept for.
 
     Returns:
-        ``"kept"`` when the gain reaches ``min_gain`` and half the prediction, else
-        ``"undecided"`` (the original settings run the last steps).
+        ``"kept"`` when the gain reaches ``min_gain`` and half the prediction; ``"reverted"``
+        under ``min_gain``; else ``"undecided"`` (the original settings run the last steps).
     """
+    if gain < min_gain:
+        return "reverted"
     if expected_gain is None or expected_gain <= 0:
         return "undecided"
     return "kept" if gain >= max(min_gain, expected_gain / 2) else "undecided"

@@ -88,7 +88,10 @@ class KnobTrial:
         return {
             "reverted": f"reverted: {self.gain:+.1%}, under the {min_gain:.0%} a trial must "
             "gain to be measured again",
-            "undecided": f"undecided: {self.gain:+.1%} not beyond the noise "
+            "undecided": f"undecided: {self.gain:+.1%} on one pair, not measured again (the "
+            "notes say why), the original kept"
+            if self.windows == 2
+            else f"undecided: {self.gain:+.1%} not beyond the noise "
             f"({self.noise or 0:.0%}) or under the gain its windows must show "
             f"({3 * min_gain:.0%} on two pairs, {2 * min_gain:.0%} on three), the original kept",
             "unfinished": "unfinished: the fit ended before the trial was judged",

@@ -47,6 +47,7 @@ from lightning_maxtp.tuning.sequential import (
     CONFIRM_GAIN,
     confirmed_at_once,
     decided_at_the_end,
+    early_steps,
     losing_early,
     wait_per_sample,
     winning_early,
@@ -361,10 +362,13 @@ class TuningLoop:
     def outlasts(self, window: Window, steps_left: float) -> bool:
         """Whether re-measuring the trial (reference, then trial) needs more steps than are left.
 
-        Two windows as long as ``window``, each after the trial's settle steps.
+        A reference window as long as the first, then a trial window as long as the longer of
+        ``window`` and the reference (``window`` may have been read early), each after the
+        trial's settle steps.
         """
         assert self._trial is not None
-        return steps_left < 2 * (self._trial.settle_steps + window.steps)
+        ref = self._trial.windows[0][0].steps
+        return steps_left < 2 * self._trial.settle_steps + ref + max(window.steps, ref)
 
     def judge(self, window: Window, *, steps_left: float = math.inf) -> Step:
         """Rank zero: what this trial window decides (see ``judge.judge``).
@@ -504,12 +508,21 @@ class TuningLoop:
         self._trial = None
         return trial
 
+    def room(self, steps_left: float) -> bool:
+        """Whether a trial started now could be read before the fit ends.
+
+        Its settle steps and the first steps a window is read at (``sequential.early_steps``).
+        """
+        early = early_steps(self.config.window_steps)
+        return steps_left >= self.config.settle_steps + early
+
     def decide(
         self,
         settings: dict[str, Any],
         *,
         device_type: str,
         now: float,
+        steps_left: float = math.inf,
         plan: Try | Ask | None = None,
         math: Try | Ask | None = None,
     ) -> Decision:
@@ -523,6 +536,8 @@ class TuningLoop:
             settings: The loader's settings now in force.
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
             now: The caller's clock, for ``time_budget_s``.
+            steps_left: Training steps left in the fit (``inf``: unknown); a trial that could
+                not be read before the fit ends is not started (``room``).
             plan: ``ASK`` to have the loader measured alone when the reference is data-bound
                 and its diagnosis may change the workers by itself; then the trial that
                 measurement proposes, or ``None`` (none, or not wanted).
@@ -541,6 +556,8 @@ class TuningLoop:
             return Stop(f"max_trials={self.config.max_trials} reached")
         if not self.time_left(now):
             return Stop(f"time_budget_s={self.config.time_budget_s:g} spent")
+        if not self.room(steps_left):
+            return Stop(f"the fit ends in {steps_left:.0f} steps, too few to read a trial")
         found = self.ref_found
         if plan is ASK and found and found[0].kind.value in DATA_KINDS and _wants_workers(found):
             return MeasureLoader()

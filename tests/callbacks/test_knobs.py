@@ -87,16 +87,22 @@ def _window(step_ms: float, workers: int) -> Window:
     )  # fmt: skip
 
 
-def _fewer_workers_trial(settle_s: float) -> tuple[Tuner, SwitchableLoader]:
+def _fewer_workers_trial(
+    settle_s: float,
+    batches: int = 4000,
+    expected: float | None = None,
+    cost_share: float | None = 0.05,
+) -> tuple[Tuner, SwitchableLoader]:
     """A real ``Tuner`` through a 4 -> 0 worker trial that looks like a gain (+25 %).
 
     Windows built by hand, the loader never iterated with workers. The fit is 4,000 steps of
     1 ms, so ``cost_share=0.05`` gives a 0.2 s budget: the trial (at worst 0.13 s to start the
     4 workers again on a revert) fits it. Its switch to the main process is charged what its
-    settle step took beyond the reference's 1 ms: ``settle_s``.
+    settle step took beyond the reference's 1 ms: ``settle_s``. ``batches``, ``expected`` (the
+    gain predicted for the trial) and ``cost_share`` change that fit.
     """
     config = TuningConfig(
-        warmup_steps=1, window_steps=8, settle_steps=1, tune_loader=False, cost_share=0.05
+        warmup_steps=1, window_steps=8, settle_steps=1, tune_loader=False, cost_share=cost_share
     )
     monitor = BottleneckMonitor(window_steps=8, sampler_interval_s=None, verbose=False)
     monitor.context = JobContext(device_type="cpu")
@@ -104,7 +110,7 @@ def _fewer_workers_trial(settle_s: float) -> tuple[Tuner, SwitchableLoader]:
     loader = tuner.wrap(DataLoader(torch.arange(800), batch_size=8, num_workers=4))
     assert isinstance(loader, SwitchableLoader)
     trainer = SimpleNamespace(
-        is_global_zero=True, world_size=1, global_step=0, estimated_stepping_batches=4000,
+        is_global_zero=True, world_size=1, global_step=0, estimated_stepping_batches=batches,
         accumulate_grad_batches=1, precision="32-true", lightning_module=torch.nn.Linear(2, 2),
         optimizers=[], strategy=SimpleNamespace(root_device=torch.device("cpu")),
     )  # fmt: skip
@@ -115,11 +121,11 @@ def _fewer_workers_trial(settle_s: float) -> tuple[Tuner, SwitchableLoader]:
         tuner.on_step(trainer, None)  # type: ignore[arg-type]
 
     step(1e-3)  # the warm-up: the baseline window starts
-    rec = Recommendation("num_workers", 4, 0, "4 workers take the step's cores", True)
+    rec = Recommendation("num_workers", 4, 0, "4 workers take the step's cores", True, expected)
     found = (Diagnosis(BottleneckKind.COMPUTE, 0.8, "busy", recommendations=(rec,)),)
     tuner.measured(trainer, _window(1.0, workers=4), found)  # type: ignore[arg-type]
     assert tuner.loop.pending == ({"num_workers": 4}, {"num_workers": 0})
-    assert tuner.cost.budget_s == pytest.approx(0.2)
+    assert cost_share is None or tuner.cost.budget_s == pytest.approx(0.2)
     next(iter(loader))  # the switch happens at the next batch: in the main process, no worker
     step(settle_s)  # its settle step
     assert tuner.cost.switch_s == pytest.approx(settle_s - 1e-3)
@@ -152,6 +158,30 @@ def test_a_remeasure_that_would_start_workers_past_the_budget_ends_the_trial_und
         for n in tuner.notes
     ), tuner.notes
     assert tuner.loop.finished  # nothing else to try
+    loader.shutdown()
+
+
+@_FOUR_WORKERS
+@pytest.mark.parametrize("expected", [0.3, None])
+def test_a_trial_near_the_fits_end_is_decided_on_its_first_pair(expected: float | None) -> None:
+    # 16 steps: after the warm-up and the settle step, 14 are left, and measuring the reference
+    # and the trial again needs 18 (8 + 8, each after a settle step). The +25 % pair is kept
+    # when it reaches half of a predicted +30 %; without a prediction it is undecided and the 4
+    # workers are back. Tuning stops either way: no other trial fits.
+    tuner, loader = _fewer_workers_trial(1e-3, batches=16, expected=expected, cost_share=None)
+    (trial,) = tuner.trials
+    assert trial.windows == 2 and trial.gain == pytest.approx(0.25)
+    kept = expected is not None
+    assert (trial.verdict, trial.kept) == (("kept", True) if kept else ("undecided", False))
+    assert loader.settings()["num_workers"] == (0 if kept else 4)
+    assert tuner.loop.finished and tuner.loop.stop_reason.startswith("the fit ends in 14 steps")
+    assert not tuner.loop.converged  # not carried into the next fit: one pair decided it
+    if not kept:
+        assert tuner.knob_changes[-1].reason.startswith("undecided: +25.0% on one pair")
+    loader.shutdown()
+    # With the steps for it, the same pair is measured again.
+    tuner, loader = _fewer_workers_trial(1e-3, batches=4000, expected=expected, cost_share=None)
+    assert tuner.trials == [] and tuner.loop.trial_windows == 2
     loader.shutdown()
 
 

@@ -129,8 +129,15 @@ print(json.dumps({{"package": lightning_maxtp.__file__, "trials": [t.to_dict() f
 def _python(tree: Path, *args: str) -> str:
     """``python args`` in ``tree`` with the copy first on the path; its stdout."""
     env = os.environ | {"PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, *args], cwd=tree, env=env, timeout=240,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=tree,
+        env=env,
+        timeout=240,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, f"python {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -144,10 +151,16 @@ def _copy(tree: Path) -> dict[str, bytes]:
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     for path in (
-        "tests/__init__.py", "tests/helpers/__init__.py", "tests/helpers/models.py",
-        "tests/knobs/__init__.py", "tests/knobs/test_registry.py", "CHANGELOG.md",
-        "README.md", "docs/hooks.py", "docs/knobs.md",
-    ):  # fmt: skip
+        "tests/__init__.py",
+        "tests/helpers/__init__.py",
+        "tests/helpers/models.py",
+        "tests/knobs/__init__.py",
+        "tests/knobs/test_registry.py",
+        "CHANGELOG.md",
+        "README.md",
+        "docs/hooks.py",
+        "docs/knobs.md",
+    ):
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / path, tree / path)
     return _files(tree)
@@ -171,10 +184,14 @@ def _add_registry_lines(tree: Path) -> None:
     """Step 2: the class in ``KNOBS`` and its name in ``MathKnob`` (and the import they need)."""
     registry = tree / "lightning_maxtp" / "knobs" / "registry.py"
     text = registry.read_text()
-    text = _insert(text, r"^from lightning_maxtp\.knobs\.tf32 import Tf32\n",
-                   f"from lightning_maxtp.knobs.{NAME} import {CLASS}\n")  # fmt: skip
-    text = _insert(text, r"^KNOBS: tuple\[type\[Knob\], \.\.\.\] = \(\n(?:    \w+,\n)+",
-                   f"    {CLASS},\n")  # fmt: skip
+    text = _insert(
+        text,
+        r"^from lightning_maxtp\.knobs\.tf32 import Tf32\n",
+        f"from lightning_maxtp.knobs.{NAME} import {CLASS}\n",
+    )
+    text = _insert(
+        text, r"^KNOBS: tuple\[type\[Knob\], \.\.\.\] = \(\n(?:    \w+,\n)+", f"    {CLASS},\n"
+    )
     text = _insert(text, r'^MathKnob = Literal\[\n(?:    "\w+",\n)+', f'    "{NAME}",\n')
     registry.write_text(text)
 
@@ -208,8 +225,12 @@ def test_a_knob_added_as_contributing_says_is_tried_by_the_loop_and_put_back(
     assert f"unknown knob(s) [{NAME!r}]" in refused, refused
     # 2. Its lines in the registry; then the one command.
     _add_registry_lines(tree)
-    four = {f"lightning_maxtp/knobs/{NAME}.py", "lightning_maxtp/knobs/registry.py",
-            f"tests/knobs/test_{NAME}.py", "CHANGELOG.md"}  # fmt: skip
+    four = {
+        f"lightning_maxtp/knobs/{NAME}.py",
+        "lightning_maxtp/knobs/registry.py",
+        f"tests/knobs/test_{NAME}.py",
+        "CHANGELOG.md",
+    }
     assert set(_changed(tree, copied)) == four, "the walk-through names four files"
     assert "rewrote: README.md" in _python(tree, "docs/hooks.py")
     assert f"| `{NAME}` |" in (tree / "README.md").read_text()

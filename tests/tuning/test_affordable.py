@@ -171,7 +171,7 @@ PRIOR = Switches().per_start
 
 def _sized(batches: float | None, start: tuple[float, float] = PRIOR, **kw: Any) -> Try | str:
     args = {"change": WORKERS, "window": _waiting()} | kw
-    return sized(**args, batches=batches, steps_done=16, start_s=start, most=None)
+    return sized(**args, batches=batches, steps_done=16, per_start=start, most=None)
 
 
 def test_a_long_fit_gets_the_workers_the_model_ranks_best() -> None:

@@ -161,13 +161,15 @@ def test_a_fit_that_ends_before_a_re_measure_could_is_decided_on_the_first_pair(
     # predicted 16 %; 35 steps were left, 16 needed for the reference and the trial again.
     assert decided_at_the_end(0.12, 0.16, 0.05) == "kept"
     assert decided_at_the_end(0.06, 0.16, 0.05) == "undecided", "under half the prediction"
-    assert decided_at_the_end(0.04, 0.06, 0.05) == "undecided", "under min_gain"
+    assert decided_at_the_end(0.04, 0.06, 0.05) == "reverted", "under min_gain"
+    assert decided_at_the_end(-0.2, 0.5, 0.05) == "reverted", "a window that lost"
     assert decided_at_the_end(0.3, None, 0.05) == "undecided", "nothing predicted it"
     gain = [s / 1.12 for s in REF]  # 12 % faster: a re-measure, with room for it
     for left, verdict in ((1000, Remeasure("old")), (15, "kept")):
         lp = _loop()
-        lp.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", 10,
-                 expected_gain=0.16)  # fmt: skip
+        lp.start(
+            "num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", 10, expected_gain=0.16
+        )
         lp.on_step(switched=True, now=0.0)
         window = _window(gain, wait_share=0.3)
         assert lp.outlasts(window, left) == (left < 16)

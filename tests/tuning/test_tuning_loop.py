@@ -61,6 +61,18 @@ def measure(lp: TuningLoop, step_ms: float, found: tuple[Diagnosis, ...]) -> obj
     return lp.advance(lp.judge(w), w, found)
 
 
+def test_no_trial_starts_that_could_not_be_read_before_the_fit_ends() -> None:
+    # A settle step and the first 5 steps of a 20-step window: 6 steps at least.
+    lp = loop(window_steps=20)
+    [lp.on_step(switched=False, now=0.0) for _ in range(2)]
+    lp.record_baseline(window(100.0), data_bound())
+    assert lp.room(6) and not lp.room(5)
+    assert lp.decide(SETTINGS, device_type="cpu", now=0.0, steps_left=5) == Stop(
+        "the fit ends in 5 steps, too few to read a trial"
+    )
+    assert isinstance(lp.decide(SETTINGS, device_type="cpu", now=0.0, steps_left=6), Try)
+
+
 def test_a_gain_is_re_measured_reference_then_trial_before_it_is_kept() -> None:
     lp = loop()
     assert [lp.on_step(switched=False, now=0.0) for _ in range(2)] == [False, True]
