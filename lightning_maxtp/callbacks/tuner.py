@@ -173,8 +173,6 @@ class Tuner:
         """The loop's step at which a trial's settings were last undone."""
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
-        self._resumed_batches = 0
-        """Batches run before this fit began (a fit resumed from a checkpoint)."""
         self._early_checked: int | None = None
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
@@ -281,7 +279,6 @@ class Tuner:
         """
         from lightning_maxtp._compat.torch_modules import is_compiled
 
-        self._resumed_batches = trainer.global_step * trainer.accumulate_grad_batches
         loader = self.loader
         workers = None if loader is None else loader.settings()["num_workers"]
         if workers == 0 and not is_compiled(trainer.lightning_module):
@@ -540,14 +537,17 @@ class Tuner:
     def _steps_left(self) -> float:
         """Training batches left in the fit (``inf`` when Lightning cannot say).
 
-        Counted as the loop counts them, a step per batch since the fit began from where it
-        resumed: an optimizer step is several batches under accumulation, and several
-        optimizer steps a batch under manual optimization.
+        Counted as the loop counts them, a step per batch since this fit began (an optimizer
+        step is several batches under accumulation, several optimizer steps one batch under
+        manual optimization). A fit resumed from a checkpoint is counted whole: too many steps
+        left only keep the rules that save the fit's last steps from acting, while Lightning's
+        count of a resumed fit (its whole length, at the loader's batch size now) would leave
+        too few when the batch size changed.
         """
         batches = self.cost.batches
         if batches is None or not math.isfinite(batches):
             return math.inf
-        return max(0.0, batches - self._resumed_batches - self.loop.steps)
+        return max(0.0, batches - self.loop.steps)
 
     def _budget(self, trainer: pl.Trainer, baseline: Window) -> None:
         """The fit's expected length at the baseline rate, and what tuning may cost of it."""
