@@ -507,10 +507,10 @@ class Tuner:
             guarded = check is not None and not check.passed  # the same on every rank
             verdict = None
             if trainer.is_global_zero and not guarded:
-                verdict = loop.judge(window, steps_left=left)
+                verdict = loop.judge(window, steps_left=left, undo_s=self._undo_s())
                 # Decided on its first pair because the fit ends (``decided_at_the_end``):
-                # without the steps left it would be measured again.
-                if isinstance(verdict, str) and isinstance(loop.judge(window), Remeasure):
+                # with the steps for it, the verdict would have been another.
+                if verdict != loop.judge(window):
                     ending = (
                         f"the fit ends in {left:.0f} steps, too few to measure "
                         f"{loop.trial_knob} again or try another change"
@@ -849,6 +849,16 @@ class Tuner:
         """
         steps = self._trial_steps(change, settings)
         return affordable(change, settings, self._funds(), window_steps=steps)
+
+    def _undo_s(self) -> float:
+        """What undoing the trial under way would cost beyond its steps: its worker starts."""
+        pending = self.loop.pending
+        if pending is None:
+            return 0.0
+        old, settings = pending[0], self.knobs.context()
+        if not starts_workers(old, settings):
+            return 0.0
+        return self.switches.start_s(workers_after(old, settings))
 
     def _remeasure_paid(self, step: Remeasure) -> bool:
         """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.

@@ -370,19 +370,20 @@ class TuningLoop:
         ref = self._trial.windows[0][0].steps
         return steps_left < 2 * self._trial.settle_steps + ref + max(window.steps, ref)
 
-    def judge(self, window: Window, *, steps_left: float = math.inf) -> Step:
+    def judge(self, window: Window, *, steps_left: float = math.inf, undo_s: float = 0.0) -> Step:
         """Rank zero: what this trial window decides (see ``judge.judge``).
 
         A first window cut short as losing reverts the trial; one that confirms a predicted
         gain beyond doubt keeps it (``sequential.confirmed_at_once``); one that misses a
         predicted gain of ``CONFIRM_GAIN`` or more is measured again, reference then trial,
-        before the trial is reverted. A first window that would be measured again with fewer
-        than the two windows that needs left in the fit is decided there
+        before the trial is reverted. A first pair not kept, with fewer steps left in the fit
+        than measuring it again needs, is decided there: which settings finish the fit sooner
         (``sequential.decided_at_the_end``).
 
         Args:
             window: The trial's window that closed.
             steps_left: Training steps left in the fit (``inf``: unknown).
+            undo_s: What undoing the trial would cost beyond its steps (worker starts).
 
         Returns:
             ``Remeasure("old")``/``Remeasure("new")`` (measure again with those settings) or the
@@ -412,14 +413,18 @@ class TuningLoop:
             # One window against a measured prediction of a large gain: the pair is measured
             # again before the prediction loses (an epoch's start or another job's burst in
             # that window), as a window that looked like a gain would be.
-            step = Remeasure("old")
+            step: Step = Remeasure("old")
         elif outcome == "old" or outcome == "new":  # noqa: PLR1714 (mypy narrows == only)
             step = Remeasure(outcome)
         else:
-            return outcome
-        if len(rates) == 2 and self.outlasts(window, steps_left):
+            step = outcome
+        if step != "kept" and len(rates) == 2 and self.outlasts(window, steps_left):
             gain = rates[1] / rates[0] - 1 if rates[0] > 0 else 0.0
-            return decided_at_the_end(gain, t.expected_gain, self.config.min_gain)
+            ref = t.windows[0][0]
+            rest_s = steps_left * ref.total_s / max(ref.steps, 1)
+            return decided_at_the_end(
+                gain, t.expected_gain, self.config.min_gain, rest_s=rest_s, undo_s=undo_s
+            )
         return step
 
     def advance(

@@ -164,6 +164,11 @@ def test_a_fit_that_ends_before_a_re_measure_could_is_decided_on_the_first_pair(
     assert decided_at_the_end(0.04, 0.06, 0.05) == "reverted", "under min_gain"
     assert decided_at_the_end(-0.2, 0.5, 0.05) == "reverted", "a window that lost"
     assert decided_at_the_end(0.3, None, 0.05) == "undecided", "nothing predicted it"
+    # Else the settings that finish the fit sooner by what was measured: the rest at the
+    # trial's rate, or the undo (its worker starts) and the rest at the reference's.
+    assert decided_at_the_end(0.04, 0.16, 0.05, rest_s=8.0, undo_s=0.0) == "kept"
+    assert decided_at_the_end(-0.02, 0.16, 0.05, rest_s=8.0, undo_s=0.9) == "kept"
+    assert decided_at_the_end(-0.2, 0.16, 0.05, rest_s=8.0, undo_s=0.9) == "reverted"
     gain = [s / 1.12 for s in REF]  # 12 % faster: a re-measure, with room for it
     for left, verdict in ((1000, Remeasure("old")), (15, "kept")):
         lp = _loop()
@@ -177,7 +182,10 @@ def test_a_fit_that_ends_before_a_re_measure_could_is_decided_on_the_first_pair(
     lp = _loop()
     lp.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", 10)
     lp.on_step(switched=True, now=0.0)
-    assert lp.judge(_window(gain, wait_share=0.3), steps_left=15) == "undecided"
+    slower = _window([s * 1.1 for s in REF], wait_share=0.3)
+    assert lp.judge(slower) == "reverted"
+    assert lp.judge(slower, steps_left=15) == "reverted", "the rest at its rate: slower"
+    assert lp.judge(slower, steps_left=15, undo_s=1.0) == "kept", "cheaper than the undo"
 
 
 def test_a_baseline_whose_every_step_waits_on_data_is_decided_early() -> None:
