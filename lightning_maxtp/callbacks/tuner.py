@@ -37,7 +37,7 @@ from lightning_maxtp.knobs.registry import GUARDED, MATH_KNOBS, knob_class
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.job_model import JobModel
-from lightning_maxtp.observe.report import ThroughputReport
+from lightning_maxtp.observe.report import KnobChange, ThroughputReport
 from lightning_maxtp.observe.window import combined_rate
 from lightning_maxtp.tuning.affordable import (
     Funds,
@@ -45,6 +45,7 @@ from lightning_maxtp.tuning.affordable import (
     may_try_one_more,
     remeasure_refused,
     sized,
+    switch_s,
     unpaid,
     worst_case_s,
 )
@@ -157,11 +158,9 @@ class Tuner:
         self.source_loader: Any = None
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
-        self.knob_changes = self.journal.knob_changes
         self.cost = TuningCost()
         self.final: list[tuple[Window, tuple[Any, ...]]] = []
         """Windows measured under the settings in force since tuning ended, with diagnoses."""
-        self.notes = self.journal.notes
         self.spans: list[tuple[str, float, float]] = []
         """Blocked spans, ``("blocked", start_s, end_s)`` on the monitor's clock."""
         self._tuning_span: list[float] = []
@@ -173,6 +172,9 @@ class Tuner:
         """The loop's step at which a trial's settings were last undone."""
         self._settle_left = 0
         """Steps to leave out of the first monitoring window after an undo."""
+        self._early_at = 0
+        """The step of the open tuning window its early checks read at (``early_steps``, in
+        whole turns of the workers it started with)."""
         self._early_checked: int | None = None
         """Trials finished when ``_cut_losing`` last read a window (it reads each trial once)."""
         self._before_resume: list[tuple[Window, tuple[Any, ...]]] | None = None
@@ -188,6 +190,16 @@ class Tuner:
         """The process and knob state when the reference window was measured (``drift``)."""
         self._val: list[SwitchableLoader] = []
         """The fit's validation loaders that can be switched (``follow``)."""
+
+    @property
+    def notes(self) -> list[str]:
+        """The report's caveats so far (the journal's)."""
+        return self.journal.notes
+
+    @property
+    def knob_changes(self) -> list[KnobChange]:
+        """Every knob change so far, tried, kept or reverted (the journal's)."""
+        return self.journal.knob_changes
 
     @property
     def trials(self) -> list[KnobTrial]:
@@ -326,7 +338,9 @@ class Tuner:
         switched = self.loader is not None and self.loader.switched
         if self.loop.on_step(switched=switched, now=time.perf_counter()):
             self._charge_switch()
-            self.monitor.window_steps = self._turns(self.window_steps)
+            steps = self._turns(self.window_steps)
+            self.monitor.window_steps = steps
+            self._early_at = early_steps(steps, self._workers())
             self.monitor.restart_window()
             self.guard.clear()
             if not self._tuning_span:  # the baseline window starts: tuning starts
@@ -409,7 +423,7 @@ class Tuner:
         loop, clock = self.loop, self.monitor.clock
         if not loop.in_first_trial_window:
             return
-        if clock.open_steps != early_steps(clock.window_steps, self._workers()):
+        if clock.open_steps != self._early_at:
             return
         if self._early_checked == len(loop.trials):
             return  # this trial's window was read already (a step since went unrecorded)
@@ -471,7 +485,7 @@ class Tuner:
         clock = self.monitor.clock
         if self.loop.phase != "baseline":
             return
-        if clock.open_steps != early_steps(clock.window_steps, self._workers()):
+        if clock.open_steps != self._early_at:
             return
         if clock.open_steps >= clock.window_steps:
             return  # the window closes at this step anyway
@@ -851,14 +865,11 @@ class Tuner:
         return affordable(change, settings, self._funds(), window_steps=steps)
 
     def _undo_s(self) -> float:
-        """What undoing the trial under way would cost beyond its steps: its worker starts."""
+        """What undoing the trial under way costs beyond its steps (``affordable.switch_s``)."""
         pending = self.loop.pending
         if pending is None:
             return 0.0
-        old, settings = pending[0], self.knobs.context()
-        if not starts_workers(old, settings):
-            return 0.0
-        return self.switches.start_s(workers_after(old, settings))
+        return switch_s(pending[0], self.knobs.context(), self.switches.measured)
 
     def _remeasure_paid(self, step: Remeasure) -> bool:
         """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.

@@ -48,6 +48,7 @@ __all__ = [
     "remeasure_refused",
     "sized",
     "start_s",
+    "switch_s",
     "unpaid",
     "worst_case_s",
 ]
@@ -106,6 +107,20 @@ def start_s(workers: int, measured_starts: Sequence[tuple[float, int]]) -> float
             the dearest one's ratio to the prior scales it.
     """
     return Switches(measured=list(measured_starts)).start_s(workers)
+
+
+def switch_s(
+    target: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    measured_starts: Sequence[tuple[float, int]],
+) -> float:
+    """What switching from ``settings`` to ``target`` costs beyond its steps: its worker starts.
+
+    0 for a switch that starts no worker (``switches.starts_workers``).
+    """
+    if not starts_workers(target, settings):
+        return 0.0
+    return start_s(workers_after(target, settings), measured_starts)
 
 
 def worst_case_s(
@@ -207,7 +222,7 @@ def remeasure_refused(
     """
     if not starts_workers(target, settings):
         return None
-    need = start_s(workers_after(target, settings), funds.measured_starts)
+    need = switch_s(target, settings, funds.measured_starts)
     if admitted(need, funds, expected_gain=expected_gain) is not None:
         return None
     return (

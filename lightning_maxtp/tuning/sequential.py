@@ -29,25 +29,25 @@ Shortcuts beside ``judge``'s alternating windows:
   cores). A knob without effect leaves both where they were, so the noise of the rates alone
   cannot keep it.
 
-- **A fit that ends before a re-measure could is decided on the first pair.** A trial whose
-  first window looked like a gain is measured again, the reference then the trial; when fewer
-  steps are left than those two windows need, the re-measure would only switch back and forth
-  until the fit ends, and its trial end unfinished. The choice left is which settings run the
-  last steps (``decided_at_the_end``): the trial's when its window gained at least
-  ``min_gain`` and half of what the model or a measurement predicted for it; else whichever
-  finishes sooner by what was measured, the rest of the fit at the trial's rate or the undo
-  (its worker starts) and the rest at the reference's. On a ResNet-18 fit of 80 steps from 4
-  workers, the trial to none gained 4-12 % against a predicted 15-16 %: its re-measure, or its
-  undo, started the 4 workers again for the last 35 steps, and the fit ended 1.12-1.15x the
-  better hand setting.
+- **A fit that ends before a re-measure could decides on the first pair.** A trial whose first
+  window looked like a gain is measured again, the reference then the trial; when fewer steps
+  are left than those two windows need, the re-measure would only switch back and forth until
+  the fit ends, and its trial end unfinished, and an undo may cost more than the last steps
+  save. Any first pair not kept is then decided by which settings run the last steps
+  (``decided_at_the_end``): the trial's when its window gained at least ``min_gain`` and half of
+  what the model or a measurement predicted for it; else whichever finishes sooner by what was
+  measured, the rest of the fit at the trial's rate or the undo (its worker starts) and the rest
+  at the reference's. On a ResNet-18 fit of 80 steps from 4 workers, the trial to none gained
+  4-12 % against a predicted 15-16 %: its re-measure, or its undo, started the 4 workers again
+  for the last 35 steps, and the fit ended 1.12-1.15x the better hand setting.
 
 Every tuning window (but one an epoch long) and every early read spans whole turns of the
-loader's workers (``cycle_steps``): workers started
-together each load one batch in about the same time, so their batches arrive in bursts of as
-many as there are workers. A window of a whole number of bursts holds as many waits as it has
-bursts; any other length holds a fraction of one more or less. Measured on a loader of 4
-workers waiting 48 ms a batch behind a 0.05 ms step: a baseline read after 5 steps said 2,090
-samples/s where the fit ran at 1,240, and every trial after it looked like a loss.
+loader's workers (``cycle_steps``): workers started together each load one batch in about the
+same time, so their batches arrive in bursts of as many as there are workers. A window of a
+whole number of bursts holds as many waits as it has bursts; any other length holds a fraction
+of one more or less. Measured on a loader of 4 workers waiting 48 ms a batch behind a 0.05 ms
+step: a baseline read after 5 steps said 2,090 samples/s where the fit ran at 1,240, and every
+trial after it looked like a loss.
 """
 
 from __future__ import annotations
