@@ -64,7 +64,12 @@ from lightning_maxtp.tuning.decisions import (
 )
 from lightning_maxtp.tuning.in_force import in_force
 from lightning_maxtp.tuning.sequential import baseline_decided, cycle_steps, early_steps
-from lightning_maxtp.tuning.switches import Switches, starts_workers, workers_after
+from lightning_maxtp.tuning.switches import (
+    Switches,
+    queued_batches,
+    starts_workers,
+    workers_after,
+)
 from lightning_maxtp.tuning.trials import (
     KnobTrial,
     TuningSummary,
@@ -92,20 +97,6 @@ _FOLLOWED = ("num_workers", "persistent_workers")
 MIN_EPOCH_WINDOW = 8
 """The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_epochs``)."""
 """A validation loader follows the train loader when these were the same in both."""
-
-
-def _prefilled(old: dict[str, Any], new: dict[str, Any]) -> int:
-    """Steps the batches more new workers load at once serve in no time after a switch.
-
-    Each new worker loads a batch as soon as it starts, all at once: the steps after the first
-    take them from the queue in no time, and a window measured then times the queue, not the
-    workers (27 workers gave 27 instant steps here, a window several times too fast). The
-    window starts once they are consumed.
-    """
-    before, after = old.get("num_workers"), new.get("num_workers")
-    if not isinstance(before, int) or not isinstance(after, int) or after <= before:
-        return 0
-    return after
 
 
 class Tuner:
@@ -356,6 +347,8 @@ class Tuner:
         """
         loop, monitor = self.loop, self.monitor
         self.window_losses = self.guard.take()
+        if window.steps and not closing:  # the first window after a start: what it cost
+            self.switches.rate_start(window.total_s / window.steps)
         if closing:
             self.monitored(window, monitor.record(trainer, window, may_capture=False))
         elif loop.measuring:  # no profiler inside a measured window
@@ -456,16 +449,26 @@ class Tuner:
             self.on_window(trainer, window)
 
     def _settle_longer(self, trainer: pl.Trainer) -> None:
-        """A compile's settle ends only once its steps run near the reference again.
+        """A settle ends only once its steps read the new settings' steady rate.
 
-        Read at the last settle step of a knob that ``settles_until_steady`` (every rank is at
-        the same step; rank zero's step time decides, broadcast).
+        Two reasons to run one more settle step, read at the last one: workers the switch
+        started still handing out the batches they prefetched while starting
+        (``TuningLoop.draining``: a count, the same on every rank), or a compile still
+        compiling (a knob that ``settles_until_steady``: rank zero's step decides, broadcast).
         """
-        loop = self.loop
+        loop, loader = self.loop, self.loader
         knob = loop.trial_knob
-        if loop.settle_left != 1 or knob not in MATH_KNOBS:
+        if loop.settle_left != 1 or knob is None:
             return
-        if not knob_class(knob).settles_until_steady:
+        if loader is not None and loader.switched and self.switches.starts:
+            settings = loader.settings()
+            model = None if loop.ref is None else JobModel.from_window(loop.ref)
+            bound = None if model is None else model.predict(self.switches.starts).bound
+            queued = queued_batches(self.switches.starts, settings["prefetch_factor"] or 2, bound)
+            if loop.draining(queued):
+                loop.extend_settle()
+                return
+        if knob not in MATH_KNOBS or not knob_class(knob).settles_until_steady:
             return
         longer = None
         if trainer.is_global_zero:
@@ -987,7 +990,7 @@ class Tuner:
             new,
             why,
             trainer.global_step,
-            settle_steps=max(self.math_trials.settle_steps(knob), _prefilled(old, new)),
+            settle_steps=self.math_trials.settle_steps(knob),
             expected_gain=change.expected_gain,
             admitted=admitted,
         )

@@ -242,6 +242,10 @@ def sized(
 ) -> Try | str:
     """A modelled worker change sized to the rest of this fit, or why none is tried.
 
+    Persistent workers save the restarts at the epochs' starts: in a fit's last epoch there
+    are none left, and they are not tried (the model ranks them by the restarts an epoch
+    costs, as though more epochs followed).
+
     The diagnosis ranks worker counts by their steady rate; here the job model weighs the
     start of more workers (as this fit's starts measured them) against the samples left
     (``JobModel.choose``): a short fit gets fewer, a long one as many as pay. Changes the job
@@ -261,7 +265,26 @@ def sized(
         when the count in force finishes soonest (no other count saves its start), the note
         that says why it is not tried.
     """
-    if change.knob != "num_workers" or change.expected_gain is None or window is None:
+    if window is None:
+        return change
+    epoch = window.context.epoch_batches
+    last_epoch = (
+        epoch is not None
+        and epoch > 0
+        and batches is not None
+        and math.isfinite(batches)
+        and (math.ceil(batches) - 1) // epoch <= steps_done // epoch
+    )
+    if change.knob == "persistent_workers" and change.settings.get("persistent_workers"):
+        if last_epoch:
+            assert batches is not None
+            return (
+                f"{fmt_settings(change.settings)} not tried: the fit ends within this epoch "
+                f"({max(0.0, batches - steps_done):.0f} steps left), with no worker restart "
+                "left to save"
+            )
+        return change
+    if change.knob != "num_workers" or change.expected_gain is None:
         return change
     model = JobModel.from_window(window)
     if model is None or batches is None or not math.isfinite(batches) or not window.steps:

@@ -165,6 +165,8 @@ def losing_early(
     step_s: Sequence[float],
     samples: Sequence[int],
     min_gain: float,
+    *,
+    workers: tuple[int, int] = (0, 0),
 ) -> bool:
     """Whether a trial window's first steps already show it slower than the reference.
 
@@ -174,6 +176,7 @@ def losing_early(
         step_s: The trial window's step times so far.
         samples: Their samples per step.
         min_gain: The loop's ``min_gain``.
+        workers: The loader workers of the reference and of the trial (``robust_rate``).
 
     Returns:
         ``True`` when at least ``EARLY_STEPS`` steps are in, every one is slower per sample
@@ -188,8 +191,8 @@ def losing_early(
         return False
     # The rate as the judge reads it must lose too: a loader that delivers in bursts (quick
     # steps, then a wait) has a median step far from its rate.
-    slower = robust_rate(tuple(step_s), tuple(samples)) * (1 + 2 * min_gain)
-    return slower < robust_rate(tuple(ref_step_s), tuple(ref_samples))
+    slower = robust_rate(tuple(step_s), tuple(samples), workers=workers[1]) * (1 + 2 * min_gain)
+    return slower < robust_rate(tuple(ref_step_s), tuple(ref_samples), workers=workers[0])
 
 
 def winning_early(
@@ -198,6 +201,8 @@ def winning_early(
     step_s: Sequence[float],
     samples: Sequence[int],
     expected_gain: float | None,
+    *,
+    workers: tuple[int, int] = (0, 0),
 ) -> bool:
     """Whether a trial window's first steps already confirm its predicted gain (see the module).
 
@@ -207,6 +212,7 @@ def winning_early(
         step_s: The trial window's step times so far.
         samples: Their samples per step.
         expected_gain: The gain predicted for the trial (``None``: none, never early).
+        workers: The loader workers of the reference and of the trial (``robust_rate``).
     """
     if expected_gain is None or expected_gain < CONFIRM_GAIN or len(step_s) < EARLY_STEPS:
         return False
@@ -216,9 +222,8 @@ def winning_early(
     ref = statistics.median(_per_sample(ref_step_s, ref_samples))
     if max(_per_sample(step_s, samples)) * margin > ref:
         return False
-    return robust_rate(tuple(step_s), tuple(samples)) >= margin * robust_rate(
-        tuple(ref_step_s), tuple(ref_samples)
-    )
+    rate = robust_rate(tuple(step_s), tuple(samples), workers=workers[1])
+    return rate >= margin * robust_rate(tuple(ref_step_s), tuple(ref_samples), workers=workers[0])
 
 
 def confirmed_at_once(

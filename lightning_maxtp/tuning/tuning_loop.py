@@ -283,6 +283,18 @@ class TuningLoop:
             return False
         return step_s > STILL_SETTLING * ref.median_step_s > 0
 
+    def draining(self, queued: int) -> bool:
+        """Whether the settle about to end runs one more step: the workers' queue still drains.
+
+        Workers the switch started have up to ``queued`` batches ready at once
+        (``switches.queued_batches``): the settle lasts that many steps in all, and the window
+        then times the workers. Whether a step waited cannot tell when the queue is empty (one
+        that waits on a batch still in transfer looks the same), so the count decides.
+        """
+        if self.settle_left != 1 or self._trial is None:
+            return False
+        return self._trial.settle_steps + self._extended < queued
+
     def extend_settle(self) -> None:
         """One more settle step before the window (``settle_longer`` said so)."""
         assert self.phase == "settle"
@@ -339,7 +351,10 @@ class TuningLoop:
             return False
         assert self._trial is not None
         ref = self._trial.windows[0][0]
-        return losing_early(ref.step_time_s, ref.samples, step_s, samples, self.config.min_gain)
+        min_gain, workers = self.config.min_gain, self._workers()
+        return losing_early(
+            ref.step_time_s, ref.samples, step_s, samples, min_gain, workers=workers
+        )
 
     def winning(self, step_s: Sequence[float], samples: Sequence[int]) -> bool:
         """Rank zero: whether the first trial window's steps so far confirm its prediction.
@@ -352,7 +367,15 @@ class TuningLoop:
         assert self._trial is not None
         ref = self._trial.windows[0][0]
         expected = self._trial.expected_gain
-        return winning_early(ref.step_time_s, ref.samples, step_s, samples, expected)
+        return winning_early(
+            ref.step_time_s, ref.samples, step_s, samples, expected, workers=self._workers()
+        )
+
+    def _workers(self) -> tuple[int, int]:
+        """The loader workers of the trial's reference and of its new settings."""
+        assert self._trial is not None
+        old = self._trial.windows[0][0].context.num_workers or 0
+        return old, int(self._trial.new.get("num_workers", old) or 0)
 
     def cut_short(self) -> None:
         """The first trial window closes now, already losing: the trial is reverted."""

@@ -29,8 +29,8 @@ def _trainer(callback: MaxThroughputCallback, **kwargs: Any) -> pl.Trainer:
     )  # fmt: skip
 
 
-def _loader(batch_size: int = 8) -> DataLoader[Any]:
-    return DataLoader(SleepDataset(480, 0.004), batch_size=batch_size, shuffle=True)
+def _loader(batch_size: int = 8, samples: int = 480) -> DataLoader[Any]:
+    return DataLoader(SleepDataset(samples, 0.004), batch_size=batch_size, shuffle=True)
 
 
 def _tuned_fit(callback: MaxThroughputCallback, **kwargs: Any) -> tuple[pl.Trainer, dict]:
@@ -101,7 +101,9 @@ def test_reloaded_loaders_keep_the_tuned_settings() -> None:
     callback = _callback()
     model = IdModel()
     trainer = _trainer(callback, max_epochs=2, reload_dataloaders_every_n_epochs=1)
-    trainer.fit(model, _loader())
+    # 120-step epochs: the trial of ~12 workers settles for three of their turns (~36 steps)
+    # before its window, which must end before the first epoch does.
+    trainer.fit(model, _loader(samples=960))
 
     (trial,) = callback.trials
     assert trial.kept and callback.loader is not None

@@ -138,6 +138,31 @@ def test_data_bound_job_gets_more_workers_kept_and_sees_the_same_samples(tmp_pat
     assert "| num_workers |" in row and "| kept |" in row
 
 
+def test_a_trials_window_starts_once_the_batches_its_workers_queued_are_used() -> None:
+    # Workers fill their queue while the last of them start: a window begun two steps later
+    # read that queue draining (22 workers: 10,500 samples/s, then 6,800).
+    callback = _callback(max_trials=1, tune_loader=True)
+    starts: list[int] = []
+    monitor = callback._tuner.monitor
+    restart = monitor.restart_window
+
+    def recorded() -> None:
+        # Steps since the fit began, as the trial's first_step (the fit's own tuner, read now).
+        starts.append(callback._tuner.loop.steps)
+        restart()
+
+    monitor.restart_window = recorded  # type: ignore[method-assign]
+    _fit(callback, samples=960, max_epochs=1)
+
+    (trial,) = callback.trials
+    assert trial.knob == "num_workers" and trial.old == 0 and trial.new >= 1, str(trial)
+    after = [s for s in starts if s > trial.first_step]
+    assert after, starts
+    # Its settle: a turn of the workers more than their prefetched batches (prefetch 2), when
+    # the step is not the bound (before: one turn).
+    assert after[0] - trial.first_step >= 3 * trial.new, (starts, trial.first_step, trial.new)
+
+
 @contextlib.contextmanager
 def _cpu_hog() -> Iterator[None]:
     """Another process spinning on a core, as other jobs do on a shared machine."""
@@ -462,6 +487,12 @@ def test_robust_rate_caps_a_stall_but_keeps_loader_bursts_and_steady_slowness() 
     # stall (capped at 3 mean steps, the window would read 19 % faster than it ran).
     together = (0.001, 0.001, 0.001, 0.045) * 5
     assert robust_rate(together, (16,) * 20) == pytest.approx(320 / sum(together))
+    # One turn of 8 workers that deliver together: its one wait is the turn's, not a stall
+    # (capped, the window would read 2.1x faster than it ran).
+    turn = (0.096,) + (0.0015,) * 7
+    assert robust_rate(turn, (32,) * 8, workers=8) == pytest.approx(256 / sum(turn))
+    assert robust_rate(turn, (32,) * 8) > 2 * 256 / sum(turn)  # workers unknown: capped
+    assert robust_rate(turn * 2, (32,) * 16, workers=8) == pytest.approx(512 / sum(turn * 2))
 
 
 class BatchModel(IdModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -216,6 +217,39 @@ def test_only_a_predicted_worker_change_on_a_fit_of_known_length_is_sized(
     batches = kw.pop("batches", 18.0)  # short enough to turn any sized change down
     change = kw.get("change", WORKERS)
     assert _sized(batches, **kw) is change
+
+
+def test_persistent_workers_are_not_tried_in_the_fits_last_epoch() -> None:
+    persist = Try("persistent_workers", {"persistent_workers": True}, "restarts", 0.2)
+    window = _waiting()
+    window = dataclasses.replace(
+        window, context=dataclasses.replace(window.context, num_workers=4, epoch_batches=100)
+    )
+    # Step 16 of a 100-step epoch: a fit of 100 batches ends in it, one of 101 starts another.
+    last = sized(persist, window, batches=100.0, steps_done=16, per_start=PRIOR, most=None)
+    assert isinstance(last, str)
+    assert last == (
+        "persistent_workers=True not tried: the fit ends within this epoch (84 steps left), "
+        "with no worker restart left to save"
+    )
+    for batches in (101.0, 400.0):
+        kept = sized(persist, window, batches=batches, steps_done=16, per_start=PRIOR, most=None)
+        assert kept is persist
+    # From step 316 of a 400-step fit (its fourth epoch), none is left either.
+    assert isinstance(
+        sized(persist, window, batches=400.0, steps_done=316, per_start=PRIOR, most=None), str
+    )
+    # Epochs of unknown length, or a fit of unknown length: left as proposed.
+    unknown = dataclasses.replace(
+        window, context=dataclasses.replace(window.context, epoch_batches=None)
+    )
+    assert (
+        sized(persist, unknown, batches=100.0, steps_done=16, per_start=PRIOR, most=None) is persist
+    )
+    assert (
+        sized(persist, window, batches=math.inf, steps_done=16, per_start=PRIOR, most=None)
+        is persist
+    )
 
 
 def test_one_more_trial_only_after_tuning_converged_on_a_measured_baseline() -> None:

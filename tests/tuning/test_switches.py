@@ -8,6 +8,7 @@ from lightning_maxtp.tuning.switches import (
     WORKER_START_S,
     Switches,
     only_persists,
+    queued_batches,
     settle_excess_s,
     starts_workers,
     trial_risk_s,
@@ -74,6 +75,10 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     assert switches.measured == [], "two switches run together say nothing of one start"
     switches.mark(20, starts=4)
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
+    assert switches.measured == [], "rated once the window after it closes"
+    switches.rate_start(0.1)
+    assert switches.measured == [(pytest.approx(0.4), 4)]
+    switches.rate_start(0.1)  # nothing left to rate
     assert switches.measured == [(pytest.approx(0.4), 4)]
     # Measured: 4 workers took 0.4 s, the prior's ratio for that count scales every count.
     scale = 0.4 / (WORKER_START_S + 4 * PER_WORKER_S)
@@ -82,7 +87,23 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     assert switches.per_start == pytest.approx((scale * WORKER_START_S, scale * PER_WORKER_S))
     switches.mark(30, starts=0)  # a thread change: charged, yet no start to learn from
     assert switches.charge([0.2], 0.1) == pytest.approx(0.1)
+    switches.rate_start(0.1)
     assert switches.measured == [(pytest.approx(0.4), 4)]
+    # Against the step of the settings started, not the reference's: workers that follow a
+    # slow reference (0.1 s a step) start in 0.5 s, then serve 0.01 s steps.
+    fast = Switches()
+    fast.mark(0, starts=8)
+    assert fast.charge([0.5] + [0.01] * 9, 0.1) == pytest.approx(0.0)  # no slower than before
+    fast.rate_start(0.01)
+    assert fast.measured == [(pytest.approx(0.49), 8)]
     # A start measured at nothing still predicts half the prior.
     quick = Switches(measured=[(0.0, 2)])
     assert quick.start_s(2) == pytest.approx(0.5 * (WORKER_START_S + 2 * PER_WORKER_S))
+
+
+def test_the_batches_queued_after_a_start_are_a_turn_more_than_the_prefetched() -> None:
+    assert queued_batches(4, 2, "loader") == 12
+    assert queued_batches(4, 2, None) == 12  # no model: as though the loader were the bound
+    assert queued_batches(22, 4, "cpu") == 110
+    assert queued_batches(4, 2, "step") == 0  # a loader faster than the step: its queue full
+    assert queued_batches(0, 2, "loader") == 0

@@ -435,6 +435,30 @@ def test_a_compiles_settle_goes_on_while_its_steps_still_compile() -> None:
     assert not lp2.settle_longer(30.0)
 
 
+def test_a_settle_after_workers_start_lasts_until_their_queued_batches_are_used() -> None:
+    lp = loop(settle_steps=2)
+    assert [lp.on_step(switched=False, now=0.0) for _ in range(2)] == [False, True]
+    lp.record_baseline(window(50.0), data_bound())
+    lp.start("num_workers", {"num_workers": 0}, {"num_workers": 3}, "reads wait", step=12)
+    assert not lp.draining(9)  # only at the last settle step
+    assert lp.on_step(switched=True, now=0.0) is False and lp.settle_left == 1
+    # 3 workers, prefetch 2: 9 batches may be ready when they start; 2 settle steps, 7 more.
+    extra = 0
+    while lp.draining(9):
+        lp.extend_settle()
+        extra += 1
+        assert lp.on_step(switched=True, now=0.0) is False
+    assert extra == 7
+    assert lp.on_step(switched=True, now=0.0) is True and lp.phase == "trial"
+    # A switch that starts no workers (or fewer batches than the settle): no longer settle.
+    lp2 = loop(settle_steps=2)
+    [lp2.on_step(switched=False, now=0.0) for _ in range(2)]
+    lp2.record_baseline(window(50.0), data_bound())
+    lp2.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "contention", step=12)
+    lp2.on_step(switched=True, now=0.0)
+    assert not lp2.draining(0) and not lp2.draining(2)
+
+
 def test_decide_is_a_function_of_its_inputs_the_clock_one_of_them() -> None:
     # Two loops fed the same windows decide the same, however long apart they are asked;
     # ``time_budget_s`` counts on the caller's clock from the end of the warm-up.
