@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.observe.job_model import JobModel
@@ -243,8 +243,8 @@ def sized(
     """A modelled worker change sized to the rest of this fit, or why none is tried.
 
     Persistent workers save the restarts at the epochs' starts: in a fit's last epoch there
-    are none left, and they are not tried (the model ranks them by the restarts an epoch
-    costs, as though more epochs followed).
+    are none left, and they are not tried, alone or with a worker count (the model ranks them
+    by the restarts an epoch costs, as though more epochs followed).
 
     The diagnosis ranks worker counts by their steady rate; here the job model weighs the
     start of more workers (as this fit's starts measured them) against the samples left
@@ -284,6 +284,9 @@ def sized(
                 "left to save"
             )
         return change
+    if last_epoch and change.settings.get("persistent_workers"):
+        rest = {k: v for k, v in change.settings.items() if k != "persistent_workers"}
+        change = replace(change, settings=rest)
     if change.knob != "num_workers" or change.expected_gain is None:
         return change
     model = JobModel.from_window(window)
@@ -291,7 +294,9 @@ def sized(
         return change
     samples_left = max(0.0, batches - steps_done) * sum(window.samples) / window.steps
     choice = model.choose(most=most, samples_left=samples_left, start_s=per_start)
-    settings = {"num_workers": choice.workers}
+    settings = {**change.settings, "num_workers": choice.workers}
+    if not choice.workers or not choice.persistent:
+        settings.pop("persistent_workers", None)
     if choice.workers == model.workers:
         return (
             f"{fmt_settings(change.settings)} not tried: for the {samples_left:.0f} samples "

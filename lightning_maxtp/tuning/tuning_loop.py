@@ -635,7 +635,8 @@ class TuningLoop:
             if corrected is None or corrected >= TWO_PAIR_GAIN * self.config.min_gain:
                 if corrected is not None and corrected != expected:
                     reason += f" (predicted {expected:+.0%}, {corrected:+.0%} after a miss)"
-                return Try(knob, {knob: value}, reason, corrected)
+                also = {} if rec is None else dict(rec.also)
+                return Try(knob, {knob: value, **also}, reason, corrected)
             passed.add((knob, repr(value)))
 
     def _corrected(self, knob: str, old: Any, new: Any, expected: float | None) -> float | None:

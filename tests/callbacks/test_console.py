@@ -110,6 +110,15 @@ def test_a_trial_line_fits_the_width_and_ends_with_its_verdict() -> None:
     undecided = KnobTrial("prefetch_factor", 2, 4, "", 100.0, 104.0, False, 4, 8, "undecided")
     assert trial_line(undecided).endswith("not beyond the noise, reverted")
     assert len("maxtp: " + fit("y" * 500)) == WIDTH
+    # A trial of several settings names the others that moved after its own knob.
+    both = KnobTrial(
+        "num_workers", "num_workers=0, persistent_workers=False",
+        "num_workers=2, persistent_workers=True", "", 700.0, 1133.3, True, 7, 20,
+        expected_gain=0.5,
+    )  # fmt: skip
+    assert trial_line(both) == (
+        "num_workers 0 -> 2, persistent_workers=True: 1133.3 samples/s (+62%, predicted +50%), kept"
+    )
 
 
 @pytest.mark.parametrize("bad", [1, 0, "yes", None, "Steps"])

@@ -273,6 +273,17 @@ def test_workers_that_restart_every_short_epoch_are_made_persistent() -> None:
     assert kept is not None and kept.measured_restart_s() is None
 
 
+def test_a_new_worker_count_the_model_ranks_best_persistent_is_tried_persistent() -> None:
+    from lightning_maxtp.observe.recommend import modelled_workers
+
+    # Restarted at every 12-step epoch, the 2 workers the model ranks best would not give the
+    # gain it predicts for them persistent: one trial moves both.
+    rec = modelled_workers(epoch_window(4, persistent=False))
+    assert rec and (rec.knob, rec.current, rec.proposed) == ("num_workers", 4, 2)
+    assert rec.also == (("persistent_workers", True),) and "persistent" in rec.reason
+    assert rec.to_dict()["also"] == {"persistent_workers": True}
+
+
 def test_on_cuda_the_devices_own_time_bounds_every_prediction() -> None:
     # A GPU host: the host launches a step in 1 ms and waits 9 ms for data, while the CUDA
     # events say the device needs 6 ms a step. Host time alone would promise 10x from workers;

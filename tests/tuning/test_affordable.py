@@ -252,6 +252,18 @@ def test_persistent_workers_are_not_tried_in_the_fits_last_epoch() -> None:
     )
 
 
+def test_workers_tried_persistent_are_tried_restarting_in_the_fits_last_epoch() -> None:
+    both = Try("num_workers", {"num_workers": 4, "persistent_workers": True}, "wait", 3.0)
+    window = _waiting()
+    window = dataclasses.replace(
+        window, context=dataclasses.replace(window.context, epoch_batches=100)
+    )
+    last = sized(both, window, batches=100.0, steps_done=16, per_start=PRIOR, most=None)
+    assert isinstance(last, Try) and last.settings == {"num_workers": 4}
+    more = sized(both, window, batches=1000.0, steps_done=16, per_start=PRIOR, most=None)
+    assert more is both
+
+
 def test_one_more_trial_only_after_tuning_converged_on_a_measured_baseline() -> None:
     ready = {"converged": True, "switchable": True, "settling": False, "baseline_measured": True}
     assert may_try_one_more(**ready)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -345,6 +346,11 @@ def test_a_modelled_change_is_tried_at_once_and_one_the_judge_could_not_keep_is_
     lp.record_baseline(window(100.0), predicted(small, two))
     assert lp.next_try(lp.ref_found, SETTINGS, device_type="cpu") == Try(
         "num_workers", {"num_workers": 2}, "the job model predicts", 0.8
+    )
+    # Workers the model ranks best persistent are tried with their persistence, in one trial.
+    both = dataclasses.replace(two, also=(("persistent_workers", True),))
+    assert lp.next_try(predicted(both), SETTINGS, device_type="cpu") == Try(
+        "num_workers", {"num_workers": 2, "persistent_workers": True}, "the job model predicts", 0.8
     )
 
 
