@@ -64,7 +64,7 @@ def callback(**kwargs: Any) -> Any:
 def _summary(cb: Any) -> str:
     """What the callback did, in one short line for a row's detail."""
     tuning = cb.tuning
-    kept = [f"{t.knob} {t.old}->{t.new}" for t in tuning.trials if t.kept]
+    kept = [t.change for t in tuning.trials if t.kept]
     tried = len(tuning.trials)
     settings = tuning.settings
     workers = settings.get("num_workers")

@@ -98,7 +98,7 @@ def baseline_line(rate: float, found: tuple[Diagnosis, ...], cost: TuningCost) -
 def trial_line(trial: KnobTrial) -> str:
     """One trial: the change, the measured rate and gain (and the prediction), the verdict."""
     verdict = _VERDICT.get(trial.verdict, trial.verdict)
-    change = _change(trial)
+    change = trial.change
     if trial.after_samples_per_s is None:
         return fit(f"{change}: not measured, {verdict}")
     predicted = "" if trial.expected_gain is None else f", predicted {trial.expected_gain:+.0%}"
@@ -106,24 +106,6 @@ def trial_line(trial: KnobTrial) -> str:
         f"{change}: {trial.after_samples_per_s:.1f} samples/s "
         f"({trial.gain:+.0%}{predicted}), {verdict}"
     )
-
-
-def _change(trial: KnobTrial) -> str:
-    """``knob old -> new``, then any other setting the trial moved as ``knob=new``.
-
-    A trial of several settings shows them as ``fmt_settings`` strings, parsed back here.
-    """
-    old, new = trial.old, trial.new
-    if not (isinstance(old, str) and isinstance(new, str) and "=" in old and "=" in new):
-        return f"{trial.knob} {old} -> {new}"
-    before = dict(part.split("=", 1) for part in old.split(", "))
-    after = dict(part.split("=", 1) for part in new.split(", "))
-    moved = [k for k, v in after.items() if before.get(k) != v]
-    if trial.knob not in moved:
-        return f"{trial.knob} {old} -> {new}"
-    also = [f"{k}={after[k]}" for k in moved if k != trial.knob]
-    head = f"{trial.knob} {before.get(trial.knob, '?')} -> {after[trial.knob]}"
-    return ", ".join([head, *also])
 
 
 def _where(path: Path) -> str:

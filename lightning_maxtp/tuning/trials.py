@@ -120,6 +120,24 @@ class KnobTrial:
             "steps": self.steps,
         }
 
+    @property
+    def change(self) -> str:
+        """``knob old -> new``, then any other setting the trial moved as ``knob=new``.
+
+        A trial of several settings holds them as ``fmt_settings`` strings, read back here.
+        """
+        old, new = self.old, self.new
+        if not (isinstance(old, str) and isinstance(new, str) and "=" in old and "=" in new):
+            return f"{self.knob} {old} -> {new}"
+        before = dict(part.split("=", 1) for part in old.split(", "))
+        after = dict(part.split("=", 1) for part in new.split(", "))
+        moved = [k for k, v in after.items() if before.get(k) != v]
+        if self.knob not in moved:
+            return f"{self.knob} {old} -> {new}"
+        also = [f"{k}={after[k]}" for k in moved if k != self.knob]
+        head = f"{self.knob} {before.get(self.knob, '?')} -> {after[self.knob]}"
+        return ", ".join([head, *also])
+
     def __str__(self) -> str:
         noise = "" if self.noise is None else f", noise {self.noise:.0%}"
         verdict = _VERDICT_TEXT.get(self.verdict, self.verdict)
@@ -128,10 +146,12 @@ class KnobTrial:
             noise += f", predicted {self.expected_gain:+.0%}"
         if self.admitted is not None and self.admitted.rule == "predicted":
             guard += f" [started {self.admitted}]"
+        several = isinstance(self.new, str) and "=" in self.new
+        change = self.change if several else f"{self.knob}: {self.old} -> {self.new}"
         if self.after_samples_per_s is None:
-            return f"{self.knob}: {self.old} -> {self.new}: not measured, {verdict}{guard}"
+            return f"{change}: not measured, {verdict}{guard}"
         return (
-            f"{self.knob}: {self.old} -> {self.new}: {self.before_samples_per_s:.1f} -> "
+            f"{change}: {self.before_samples_per_s:.1f} -> "
             f"{self.after_samples_per_s:.1f} samples/s ({self.gain:+.1%}{noise}), {verdict}{guard}"
         )
 
