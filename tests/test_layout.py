@@ -192,6 +192,15 @@ def test_the_step_path_runs_one_way() -> None:
                         f"{module}: {arg.arg}: {shown} (return values up, not calls back)"
                     )
                     assert not arg.arg.startswith("on_"), f"{module}: a listener {arg.arg}"
+    # Each part talks to the one below it, not through it: only the monitor reaches its clock
+    # (the tuner once read the step log and closed windows two levels down).
+    for module, path in MODULES.items():
+        if module == "lightning_maxtp.callbacks.bottleneck_monitor":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "clock":
+                owner = ast.unparse(node.value)
+                assert "monitor" not in owner, f"{module}: {owner}.clock (ask the monitor)"
     # observe/ and tuning/ never receive a callbacks/ object, not even as a type.
     for module, targets in TYPED_GRAPH.items():
         if _stage(module) in ("observe", "tuning"):

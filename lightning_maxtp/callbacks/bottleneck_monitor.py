@@ -148,6 +148,36 @@ class BottleneckMonitor(Callback):
         self.clock.context = value
 
     @property
+    def step_log(self) -> list[tuple[float, float, float]]:
+        """``(end s, step s, data wait s)`` of every step measured this fit, in order."""
+        return self.clock.step_log
+
+    @property
+    def open_steps(self) -> int:
+        """Steps measured in the window that has not closed yet."""
+        return self.clock.open_steps
+
+    def open_window(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """Step times and samples of the window that has not closed yet."""
+        return self.clock.open_window()
+
+    def open_waits(self) -> tuple[float, ...]:
+        """Data waits of the window that has not closed yet."""
+        return self.clock.open_waits()
+
+    def close_window(self, trainer: pl.Trainer, *, min_steps: int = 1) -> Window | None:
+        """Close the open window now, if it has ``min_steps`` steps (every rank calls it)."""
+        return self.clock.close_window(trainer, min_steps=min_steps)
+
+    def update_context(self, **changes: Any) -> None:
+        """Windows closed from now on carry these settings (a knob changed mid-fit)."""
+        self.clock.update_context(**changes)
+
+    def restart_step(self) -> None:
+        """The time since the last step ended belongs to no step (training was blocked)."""
+        self.clock.restart_step()
+
+    @property
     def report(self) -> ThroughputReport:
         """The report of the last fit (built at its end; a live view while it runs)."""
         return self._report if self._report is not None else self.build_report()

@@ -196,7 +196,7 @@ class MathTrials:
         self.knobs.request(**{k: original for k, (_, original) in changes.items()})
         restored = guard.restore(trainer)
         guard.drop()
-        self.monitor.clock.update_context(**self.knobs.context())
+        self.monitor.update_context(**self.knobs.context())
         for knob, (old, original) in changes.items():
             self.journal.record_change(
                 knob, old, original, f"reverted by the numerics guard: {check}"

@@ -308,7 +308,7 @@ class MaxThroughputCallback(Callback):
         self._tuner.fit_started(trainer)
         self._tuner.adopt(trainer)
         if self._tuner.loader is not None:  # settings requested before the first batch
-            self._monitor.clock.update_context(
+            self._monitor.update_context(
                 **self._tuner.loader.settings(), loaders_following=self._tuner.followers
             )
 
@@ -359,7 +359,7 @@ class MaxThroughputCallback(Callback):
         loop = self._tuner.loop
         if (loop.finished and not self._tuner.final) or loop.ref is None:
             # No window under the settings in force closed: the steps run since make one.
-            window = self._monitor.clock.close_window(trainer, min_steps=MIN_STEPS)
+            window = self._monitor.close_window(trainer, min_steps=MIN_STEPS)
             if window is not None:
                 self._tuner.on_window(trainer, window, closing=True)
         self._tuner.end()

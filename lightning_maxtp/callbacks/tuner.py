@@ -390,7 +390,7 @@ class Tuner:
         """A switch to ``settings`` is requested now: its settle steps are charged later."""
         context = self.knobs.context()
         starts = workers_after(settings, context) if starts_workers(settings, context) else 0
-        self.switches.mark(len(self.monitor.clock.step_log), starts=starts)
+        self.switches.mark(len(self.monitor.step_log), starts=starts)
 
     def _charge_switch(self) -> None:
         """The pending switch's settle steps are over: their excess over the reference counts.
@@ -400,7 +400,7 @@ class Tuner:
         ref, start = self.loop.ref, self.switches.pending_from
         if ref is None or start is None or not ref.steps:
             return
-        steps = [s for _, s, _ in self.monitor.clock.step_log[start:]]
+        steps = [s for _, s, _ in self.monitor.step_log[start:]]
         excess = self.switches.charge(steps, ref.total_s / ref.steps)
         if excess:
             self.cost = dataclasses.replace(self.cost, switch_s=self.cost.switch_s + excess)
@@ -413,38 +413,38 @@ class Tuner:
         window (every rank counts the same steps), so that under DDP every rank takes part in
         the one broadcast at the same step.
         """
-        loop, clock = self.loop, self.monitor.clock
+        loop, monitor = self.loop, self.monitor
         if not loop.in_first_trial_window:
             return
-        if clock.open_steps != self._early_at:
+        if monitor.open_steps != self._early_at:
             return
         if self._early_checked == len(loop.trials):
             return  # this trial's window was read already (a step since went unrecorded)
         self._early_checked = len(loop.trials)
-        if clock.open_steps >= clock.window_steps:
+        if monitor.open_steps >= monitor.window_steps:
             return  # the window closes at this step anyway
         early = None
         if trainer.is_global_zero:
-            steps = clock.open_window()
+            steps = monitor.open_window()
             early = "losing" if loop.losing(*steps) else "winning" if loop.winning(*steps) else None
         if trainer.world_size > 1:
             early = trainer.strategy.broadcast(early, src=0)
         if early == "losing":
             loop.cut_short()
             self.journal.say(
-                f"{loop.trial_knob}: slower on every one of {clock.open_steps} steps: cut short"
+                f"{loop.trial_knob}: slower on every one of {monitor.open_steps} steps: cut short"
             )
             self._close_now(trainer)
         elif early == "winning":
             self.journal.say(
-                f"{loop.trial_knob}: faster as predicted on every one of {clock.open_steps} "
+                f"{loop.trial_knob}: faster as predicted on every one of {monitor.open_steps} "
                 "steps: judged now"
             )
             self._close_now(trainer)
 
     def _close_now(self, trainer: pl.Trainer) -> None:
         """Close the open window at this step (every rank) and act on it (``on_window``)."""
-        window = self.monitor.clock.close_window(trainer)
+        window = self.monitor.close_window(trainer)
         if window is not None:
             self.on_window(trainer, window)
 
@@ -472,7 +472,7 @@ class Tuner:
             return
         longer = None
         if trainer.is_global_zero:
-            log = self.monitor.clock.step_log
+            log = self.monitor.step_log
             longer = bool(log) and loop.settle_longer(log[-1][1])
         if trainer.world_size > 1:
             longer = trainer.strategy.broadcast(longer, src=0)
@@ -485,21 +485,21 @@ class Tuner:
         Read once, after ``early_steps`` steps (every rank counts the same steps; rank zero's
         steps decide, broadcast, so every rank closes at the same step).
         """
-        clock = self.monitor.clock
+        monitor = self.monitor
         if self.loop.phase != "baseline":
             return
-        if clock.open_steps != self._early_at:
+        if monitor.open_steps != self._early_at:
             return
-        if clock.open_steps >= clock.window_steps:
+        if monitor.open_steps >= monitor.window_steps:
             return  # the window closes at this step anyway
         decided = None
         if trainer.is_global_zero:
-            decided = baseline_decided(clock.open_window()[0], clock.open_waits())
+            decided = baseline_decided(monitor.open_window()[0], monitor.open_waits())
         if trainer.world_size > 1:
             decided = trainer.strategy.broadcast(decided, src=0)
         if decided:
             self.journal.say(
-                f"baseline: every one of {clock.open_steps} steps waits on data: decided"
+                f"baseline: every one of {monitor.open_steps} steps waits on data: decided"
             )
             self._close_now(trainer)
 
@@ -513,7 +513,7 @@ class Tuner:
             self._ref_state = snapshot(self.math)  # what a later drift is compared with
             model = JobModel.from_window(window)
             if model is not None:  # what loading costs, for windows too short to read it
-                self.monitor.clock.update_context(loading_s=(model.load_s, model.load_cpu_s))
+                self.monitor.update_context(loading_s=(model.load_s, model.load_cpu_s))
             self._budget(trainer, window)
             self.journal.say(
                 f"baseline {window_rate(window):.1f} samples/s over {window.steps} steps, "
@@ -583,7 +583,7 @@ class Tuner:
     def end(self) -> None:
         """The fit ended: a trial under way is recorded as unfinished and its settings undone."""
         if self._tuning_span:  # the steps measured from the baseline on (validation excluded)
-            steps = [s for t, s, _ in self.monitor.clock.step_log if t >= self._tuning_span[0]]
+            steps = [s for t, s, _ in self.monitor.step_log if t >= self._tuning_span[0]]
             self.cost = dataclasses.replace(self.cost, fit_s=sum(steps), steps_run=len(steps))
         self._charge_switch()  # the fit ended before a switch's settle steps did
         trial = self.loop.end(now=time.perf_counter(), guard=self.math_trials.closing_check())
@@ -966,7 +966,7 @@ class Tuner:
         finally:
             blocked = self.cost.blocked_s + time.perf_counter() - started
             self.cost = dataclasses.replace(self.cost, blocked_s=blocked)
-            self.monitor.clock.restart_step()  # blocked, counted here: in no step's time
+            self.monitor.restart_step()  # blocked, counted here: in no step's time
             self.spans.append(("blocked", at, self.monitor.elapsed_s()))
         return plan_change(self.loader_plan, self.loader.settings(), window_rate(self.loop.ref))
 
@@ -983,7 +983,7 @@ class Tuner:
         self._mark_switch(new)
         self.knobs.request(**new)
         # Windows measured from now on run with the new settings: diagnose them as such.
-        self.monitor.clock.update_context(**self.knobs.context())
+        self.monitor.update_context(**self.knobs.context())
         self.loop.start(
             knob,
             old,
@@ -1011,7 +1011,7 @@ class Tuner:
             current = self.knobs.current(target)
             self._mark_switch(target)
             self.knobs.request(**target)
-            self.monitor.clock.update_context(**self.knobs.context())
+            self.monitor.update_context(**self.knobs.context())
             self.journal.record_change(self._last_knob, current, target, f"re-measuring {what}")
             self.journal.say(
                 f"{fmt_settings(current)} -> {fmt_settings(target)}: re-measuring {what}"
@@ -1040,7 +1040,7 @@ class Tuner:
                 self.final[:0] = self._before_resume
             self._before_resume = None
         self.math_trials.after_trial(trial)  # the guard's restore, after the knob is undone
-        self.monitor.clock.update_context(**self.knobs.context())
+        self.monitor.update_context(**self.knobs.context())
 
     def stop(self, reason: str, *, converged: bool | None = None) -> None:
         """Tuning is over (``TuningLoop.stop``): from now on the fit is only monitored."""
