@@ -7,7 +7,7 @@ The loader's knobs switch through ``SwitchableLoader`` at a batch boundary; the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.knobs.registry import KNOBS, MATH_KNOBS
@@ -24,21 +24,20 @@ class Knobs:
     """Reads and requests the settings a trial changes, whichever part of the job holds them.
 
     Args:
-        loader: Returns the fit's switchable train loader (``None``: none to switch); read on
-            every call, since Lightning may reload the loader mid-fit.
         math: The fit's math knobs (``None``: none allowed).
+
+    Attributes:
+        loader: The fit's switchable train loader (``None``: none to switch). Its owner
+            replaces it when Lightning reloads the loader mid-fit.
     """
 
-    def __init__(
-        self, loader: Callable[[], SwitchableLoader | None], math: MathKnobs | None = None
-    ) -> None:
-        self._loader = loader
+    def __init__(self, math: MathKnobs | None = None) -> None:
+        self.loader: SwitchableLoader | None = None
         self.threads = MainThreads()
         self.math = math
 
     def _loader_settings(self) -> dict[str, Any]:
-        loader = self._loader()
-        return loader.settings() if loader is not None else {}
+        return self.loader.settings() if self.loader is not None else {}
 
     def settings(self) -> dict[str, Any]:
         """The settings in force for the report: the loader's, and the threads once changed."""
@@ -76,6 +75,5 @@ class Knobs:
         threads = settings.pop(THREADS, None)
         if threads is not None:
             self.threads.set(int(threads))
-        loader = self._loader()
-        if settings and loader is not None:
-            loader.request(**settings)
+        if settings and self.loader is not None:
+            self.loader.request(**settings)

@@ -134,9 +134,8 @@ class Tuner:
         self.progress_bar = progress_bar
         self.world_size, self.local_ranks = world_size, local_ranks
         self.loop = TuningLoop(config)
-        self.loader: SwitchableLoader | None = None
         self.math = MathKnobs(allowed)
-        self.knobs = Knobs(lambda: self.loader, self.math)
+        self.knobs = Knobs(self.math)
         self.guard = NumericsGuard()
         self.guard.enabled = bool(GUARDED & set(allowed))
         self.journal = Journal(verbosity, monitor.elapsed_s)
@@ -181,6 +180,15 @@ class Tuner:
         """The process and knob state when the reference window was measured (``drift``)."""
         self._val: list[SwitchableLoader] = []
         """The fit's validation loaders that can be switched (``follow``)."""
+
+    @property
+    def loader(self) -> SwitchableLoader | None:
+        """The fit's switchable train loader (``None``: none to switch); the knobs hold it."""
+        return self.knobs.loader
+
+    @loader.setter
+    def loader(self, loader: SwitchableLoader | None) -> None:
+        self.knobs.loader = loader
 
     @property
     def notes(self) -> list[str]:
