@@ -146,8 +146,7 @@ class KnobTrial:
             noise += f", predicted {self.expected_gain:+.0%}"
         if self.admitted is not None and self.admitted.rule == "predicted":
             guard += f" [started {self.admitted}]"
-        several = isinstance(self.new, str) and "=" in self.new
-        change = self.change if several else f"{self.knob}: {self.old} -> {self.new}"
+        change = self.change.replace(f"{self.knob} ", f"{self.knob}: ", 1)
         if self.after_samples_per_s is None:
             return f"{change}: not measured, {verdict}{guard}"
         return (

@@ -22,12 +22,17 @@ def test_train_with_callback_then_read_its_report(tmp_path: Path) -> None:
     out = _run(str(ROOT / "examples" / "callback_train.py"), "--smoke", "--report-dir",
                str(report), cwd=tmp_path)  # fmt: skip
     assert re.search(r"^maxtp: tuning: \d+ knob trial\(s\) in [\d.]+ s", out, flags=re.M)
-    assert re.search(r"^  num_workers: 0 -> \d+: [\d.]+ -> [\d.]+ samples/s", out, flags=re.M)
+    # The workers alone, or with their persistence in the same trial.
+    trial = r"^  num_workers: 0 -> \d+(, persistent_workers=True)?: [\d.]+ -> [\d.]+ samples/s"
+    assert re.search(trial, out, flags=re.M)
     shown = _run(str(ROOT / "examples" / "callback_report.py"), str(report), cwd=tmp_path)
     assert re.search(
         r"^throughput over the run: [\d.]+ samples/s, bottleneck now: \w+", shown, re.M
     )
-    change = r"^  t=[\d.]+s num_workers: num_workers=0 -> num_workers=\d+ \(trying: "
+    change = (
+        r"^  t=[\d.]+s num_workers: num_workers=0(, persistent_workers=False)? -> "
+        r"num_workers=\d+(, persistent_workers=True)? \(trying: "
+    )
     assert re.search(change, shown, flags=re.M)
     assert "  maxtp: tuning: " in shown and "left for you:" in shown
     assert f"files: report.json, report.md, timeline.png in {report}" in shown
