@@ -114,11 +114,7 @@ def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[
         if choice.persistent and not persistent and choice.workers:
             # The gain is the persistent workers': restarted at every epoch they would not
             # give it (3 workers decoding JPEGs in 32-step epochs: +6 % against +50 %).
-            rec = dataclasses.replace(
-                rec,
-                reason=f"{rec.reason}; persistent (no worker restart at every epoch)",
-                also=(("persistent_workers", True),),
-            )
+            rec = dataclasses.replace(rec, also=(("persistent_workers", True),))
     return dataclasses.replace(rec, expected_gain=round(gain, 4))
 
 
