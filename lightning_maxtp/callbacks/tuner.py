@@ -395,10 +395,16 @@ class Tuner:
         return cycle_steps(steps, self._workers(settings))
 
     def _mark_switch(self, settings: dict[str, Any]) -> None:
-        """A switch to ``settings`` is requested now: its settle steps are charged later."""
+        """A switch to ``settings`` is requested now: its settle steps are charged later.
+
+        With the batches the workers it starts may have ready at once, which its settle drains
+        (``queued_batches``).
+        """
         context = self.knobs.context()
         starts = workers_after(settings, context) if starts_workers(settings, context) else 0
-        self.switches.mark(len(self.monitor.step_log), starts=starts)
+        prefetch = settings.get("prefetch_factor", context.get("prefetch_factor")) or 2
+        queued = queued_batches(starts, prefetch)
+        self.switches.mark(len(self.monitor.step_log), starts=starts, queued=queued)
 
     def _charge_switch(self) -> None:
         """The pending switch's settle steps are over: their excess over the reference counts.
@@ -468,14 +474,9 @@ class Tuner:
         knob = loop.trial_knob
         if loop.settle_left != 1 or knob is None:
             return
-        if loader is not None and loader.switched and self.switches.starts:
-            settings = loader.settings()
-            model = None if loop.ref is None else JobModel.from_window(loop.ref)
-            bound = None if model is None else model.predict(self.switches.starts).bound
-            queued = queued_batches(self.switches.starts, settings["prefetch_factor"] or 2, bound)
-            if loop.draining(queued):
-                loop.extend_settle()
-                return
+        if loader is not None and loader.switched and loop.draining(self.switches.queued):
+            loop.extend_settle()
+            return
         if knob not in MATH_KNOBS or not knob_class(knob).settles_until_steady:
             return
         longer = None

@@ -89,18 +89,19 @@ def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> lis
     return [n for n in (new, old) if n > 0]
 
 
-def queued_batches(workers: int, prefetch_factor: int, bound: str | None) -> int:
+def queued_batches(workers: int, prefetch_factor: int) -> int:
     """Batches that may be ready at once after ``workers`` start: what a settle drains first.
 
     Each worker's prefetched batches (``prefetch_factor``), and one turn more: the first
     batches are taken as the workers come up one by one, and each batch taken asks its worker
     for another, loaded before the last worker is up. A window begun before they are used
     times the queue, not the workers: 23 workers that wait on reads, read two turns after
-    their start, measured 9,128 samples/s, and the fit then ran at 6,478. None when the job
-    model bounds the new settings by the step (``bound == "step"``): a loader faster than the
-    step keeps its queue full, and a window reads the step's rate whatever the queue holds.
+    their start, measured 9,128 samples/s, and the fit then ran at 6,478. Drained whatever
+    the job model bounds the new settings by: the count it ranks best is the fewest that feed
+    the step, where the loader is barely faster than the step (18 workers the model bounded by
+    the step read 8,877 samples/s after one turn and a half, then ran at 5,500).
     """
-    if workers <= 0 or bound == "step":
+    if workers <= 0:
         return 0
     return workers * (max(prefetch_factor, 1) + 1)
 
@@ -128,6 +129,8 @@ class Switches:
     """Where in the step log the pending switch began (``None``: none pending)."""
     starts: int = 0
     """Workers the pending switch starts (0: none)."""
+    queued: int = 0
+    """Batches they may have ready at once (``queued_batches``): steps its settle drains."""
     switches: int = 0
     """Switches requested since the pending one began (a revert, then the next trial: 2)."""
     measured: list[tuple[float, int]] = field(default_factory=list)
@@ -136,15 +139,17 @@ class Switches:
     """The last start's settle steps and workers, until the window after them gives the rate
     they are measured against (``rate_start``)."""
 
-    def mark(self, at: int, *, starts: int) -> None:
+    def mark(self, at: int, *, starts: int, queued: int = 0) -> None:
         """A switch starting ``starts`` workers is requested with the step log at length ``at``.
 
         Switches requested before the next window (a revert, then the next trial) are paid in
-        the same settle steps: the first one's place counts.
+        the same settle steps: the first one's place counts. ``queued``: the batches those
+        workers may have ready at once (``queued_batches``).
         """
         if self.pending_from is None:
             self.pending_from = at
         self.starts = max(self.starts, starts)
+        self.queued = max(self.queued, queued)
         self.switches += 1
 
     def charge(self, step_s: Sequence[float], ref_step_s: float) -> float:
@@ -152,7 +157,7 @@ class Switches:
         excess = settle_excess_s(step_s, ref_step_s)
         if self.starts and self.switches == 1:  # what one start cost, not two run together
             self.unrated = (tuple(step_s), self.starts)
-        self.pending_from, self.starts, self.switches = None, 0, 0
+        self.pending_from, self.starts, self.queued, self.switches = None, 0, 0, 0
         return excess
 
     def rate_start(self, step_s: float) -> None:

@@ -158,8 +158,8 @@ def test_a_trials_window_starts_once_the_batches_its_workers_queued_are_used() -
     assert trial.knob == "num_workers" and trial.old == 0 and trial.new >= 1, str(trial)
     after = [s for s in starts if s > trial.first_step]
     assert after, starts
-    # Its settle: a turn of the workers more than their prefetched batches (prefetch 2), when
-    # the step is not the bound (before: one turn).
+    # Its settle: a turn of the workers more than their prefetched batches (prefetch 2);
+    # before, one turn.
     assert after[0] - trial.first_step >= 3 * trial.new, (starts, trial.first_step, trial.new)
 
 

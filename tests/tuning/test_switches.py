@@ -73,8 +73,10 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
     assert switches.pending_from is None
     assert switches.measured == [], "two switches run together say nothing of one start"
-    switches.mark(20, starts=4)
+    switches.mark(20, starts=4, queued=12)
+    assert switches.queued == 12
     assert switches.charge([0.5, 0.1], 0.1) == pytest.approx(0.4)
+    assert switches.queued == 0
     assert switches.measured == [], "rated once the window after it closes"
     switches.rate_start(0.1)
     assert switches.measured == [(pytest.approx(0.4), 4)]
@@ -102,8 +104,6 @@ def test_switches_charge_once_per_settle_and_learn_what_a_start_costs() -> None:
 
 
 def test_the_batches_queued_after_a_start_are_a_turn_more_than_the_prefetched() -> None:
-    assert queued_batches(4, 2, "loader") == 12
-    assert queued_batches(4, 2, None) == 12  # no model: as though the loader were the bound
-    assert queued_batches(22, 4, "cpu") == 110
-    assert queued_batches(4, 2, "step") == 0  # a loader faster than the step: its queue full
-    assert queued_batches(0, 2, "loader") == 0
+    assert queued_batches(4, 2) == 12
+    assert queued_batches(22, 4) == 110
+    assert queued_batches(0, 2) == 0
