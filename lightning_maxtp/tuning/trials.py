@@ -122,20 +122,24 @@ class KnobTrial:
 
     @property
     def change(self) -> str:
-        """``knob old -> new``, then any other setting the trial moved as ``knob=new``.
+        """``knob old -> new``, then any other setting the trial moved as ``knob=new``."""
+        return self._change(" ")
+
+    def _change(self, after_knob: str) -> str:
+        """``change`` with ``after_knob`` between the knob and its values (``__str__``: ": ").
 
         A trial of several settings holds them as ``fmt_settings`` strings, read back here.
         """
         old, new = self.old, self.new
         if not (isinstance(old, str) and isinstance(new, str) and "=" in old and "=" in new):
-            return f"{self.knob} {old} -> {new}"
+            return f"{self.knob}{after_knob}{old} -> {new}"
         before = dict(part.split("=", 1) for part in old.split(", "))
         after = dict(part.split("=", 1) for part in new.split(", "))
         moved = [k for k, v in after.items() if before.get(k) != v]
         if self.knob not in moved:
-            return f"{self.knob} {old} -> {new}"
+            return f"{self.knob}{after_knob}{old} -> {new}"
         also = [f"{k}={after[k]}" for k in moved if k != self.knob]
-        head = f"{self.knob} {before.get(self.knob, '?')} -> {after[self.knob]}"
+        head = f"{self.knob}{after_knob}{before.get(self.knob, '?')} -> {after[self.knob]}"
         return ", ".join([head, *also])
 
     def __str__(self) -> str:
@@ -146,7 +150,7 @@ class KnobTrial:
             noise += f", predicted {self.expected_gain:+.0%}"
         if self.admitted is not None and self.admitted.rule == "predicted":
             guard += f" [started {self.admitted}]"
-        change = self.change.replace(f"{self.knob} ", f"{self.knob}: ", 1)
+        change = self._change(": ")
         if self.after_samples_per_s is None:
             return f"{change}: not measured, {verdict}{guard}"
         return (
