@@ -76,7 +76,7 @@ def test_against_times_both_jobs_round_by_round_and_the_paired_gate_fails_a_slow
     (base / "basejobs.py").write_text("from tests.helpers.bench_jobs import job  # noqa: F401\n")
     out, md = tmp_path / "paired.json", tmp_path / "paired.md"
     done = bench(f"{JOBS}:job_far_slower", "--against", "basejobs:job", "--against-path",
-                 str(base), "--configs", "defaults", "--rounds", "5", "--steps", "30",
+                 str(base), "--configs", "defaults", "--rounds", "5", "--steps", "60",
                  "--warmup", "3", "--max-regression", "0.2", "--json", str(out),
                  "--markdown", str(md))  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr

@@ -208,13 +208,23 @@ def test_a_task_that_ignores_its_cancel_is_killed_after_the_grace(
     """The runner never waits on a task: one whose stream has ended while its code is still
     stopping (here: forever) must not hold up the others' end, only the grace period."""
 
+    started = tmp_path / "stay-started"
+
     def stubborn(job: JobSpec, index: int, events: Any, env: Any) -> int:  # for run_attempt
         # As the real task does: Ray's cancel is then a KeyboardInterrupt here, also where the
         # worker inherited SIGINT ignored (a test run started in a shell's background), whose
         # interrupt otherwise fails inside Ray with a TypeError and ends the task at once.
         ray_task._interruptible()
+        if job.command == "fail":
+            # Ray may start either task first; "bad" failing before "stay" has said it started
+            # leaves "stay" not run, which is not what this test is about.
+            deadline = time.monotonic() + 30
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         events.put({"kind": "start", "job": index, "host": "node", "node_id": None, "gpus": [],
                     "env": {}, "worker_pid": os.getpid()})  # fmt: skip
+        if job.command == "stay":
+            started.touch()
         if job.command == "fail":
             events.put({"kind": "end", "job": index, "exit_code": 1, "oom": False, "wall_s": 0.0,
                         "output": b"", "peak_rss_bytes": None})  # fmt: skip
@@ -229,7 +239,7 @@ def test_a_task_that_ignores_its_cancel_is_killed_after_the_grace(
     monkeypatch.setattr(ray_task, "STOP_GRACE_S", 2.0)
     jobs = [JobSpec("stay", name="stay"), JobSpec("fail", name="bad")]
     began = time.monotonic()
-    # "bad" waits for "stay" to run: one CPU each, two CPUs
+    # one CPU each, two CPUs: both run at once, "bad" once "stay" has started
     result = run_jobs(jobs, backend="ray", log_dir=tmp_path, fail_fast=True, max_parallel=2)
     assert time.monotonic() - began < 60
     stay, bad = result.jobs
