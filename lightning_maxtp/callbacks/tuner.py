@@ -286,7 +286,8 @@ class Tuner:
         windows compare alike and what the epochs cost is in every one; and a short-epoch fit,
         short in steps too, gets its verdicts sooner. Not under ``MIN_EPOCH_WINDOW`` steps:
         too few to time a setting by. A loader without workers of a model not compiled has
-        nothing to warm up (``TuningLoop.nothing_to_warm``).
+        nothing to warm up (``TuningLoop.nothing_to_warm``); one with workers warms up until
+        their first queue is used (``TuningLoop.drain_first``), unless windows are epoch-long.
         """
         from lightning_maxtp._compat.torch_modules import is_compiled
 
@@ -298,6 +299,9 @@ class Tuner:
         steps = self.config.window_steps
         if isinstance(batches, int) and MIN_EPOCH_WINDOW <= batches < steps:
             steps = batches
+        elif workers and loader is not None:
+            prefetch = loader.settings().get("prefetch_factor") or 2
+            self.loop.drain_first(queued_batches(workers, prefetch))
         self.window_steps = steps
         self.monitor.window_steps = steps
 
@@ -521,7 +525,10 @@ class Tuner:
             loop.record_baseline(window, found)
             self._ref_state = snapshot(self.math)  # what a later drift is compared with
             model = JobModel.from_window(window)
-            if model is not None:  # what loading costs, for windows too short to read it
+            if model is not None and model.workers == 0:
+                # What loading costs in one process, for windows too short to read it. Not
+                # from workers: their waits are then read from their CPU and the step's wait,
+                # a bound, and would pin every later window's model to it.
                 self.monitor.update_context(loading_s=(model.load_s, model.load_cpu_s))
             self._budget(trainer, window)
             self.journal.say(

@@ -235,6 +235,19 @@ class JobModel:
             if busy is not None:
                 load_cpu_s = busy / 100 * workers * t
                 load_s, source = _worker_load_s(window, workers, t, load_cpu_s)
+                # What they delivered bounds what they take: while the step waits, its queue
+                # is empty and every worker busy, so W workers of ``load_s`` each ran the
+                # window at ``W / load_s * wait`` at least. A reading that takes their waits for
+                # waits on a core (4 workers that wait 3 ms a sample off the CPU, read at the
+                # fit's start as saturated: 0.30 ms a sample) is contradicted by it (the window
+                # ran at 1,190 samples/s waiting 84 %: 2.8 ms at least).
+                least = workers * t * window.data_wait_share
+                if least > load_s:
+                    load_s = least
+                    source += (
+                        f", yet the step waited on them {window.data_wait_share:.0%} of the "
+                        f"window: {least * 1e3:.2f} ms a sample at least"
+                    )
             elif ctx.loading_s is not None:  # a window too short for the sampler to read
                 load_s, load_cpu_s = ctx.loading_s
                 source = "the loading measured by an earlier window"

@@ -58,7 +58,8 @@ def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored(
     model = ConvModel(nan_under_autocast=True, step_sleep_s=0.02)
     callback, history = _fit(model, 60, allow=("precision",))
 
-    trial = next(t for t in callback.trials if t.knob == "precision")
+    trial = next((t for t in callback.trials if t.knob == "precision"), None)
+    assert trial is not None, (callback.tuning.stop_reason, callback.tuning.notes, callback.trials)
     assert (trial.knob, trial.old, trial.new) == ("precision", "32-true", "bf16-mixed")
     assert trial.verdict == "guarded" and not trial.kept, str(trial)
     assert trial.guard is not None and trial.guard.non_finite > 0

@@ -163,6 +163,18 @@ def test_a_trials_window_starts_once_the_batches_its_workers_queued_are_used() -
     assert after[0] - trial.first_step >= 3 * trial.new, (starts, trial.first_step, trial.new)
 
 
+def test_a_fit_that_starts_with_workers_measures_its_baseline_once_their_queue_is_used() -> None:
+    # 4 workers that wait 3 ms a sample queue 12 batches as the fit starts; a baseline from
+    # step 5 read 1,400-2,180 samples/s where the fit ran at 1,225, and took the workers for
+    # ones that keep up.
+    callback = _callback(window_steps=20, max_trials=1)
+    _fit(callback, workers=3, samples=960, max_epochs=1)
+
+    baseline = report_view(callback.report.to_dict()).summary.baseline_steps
+    assert baseline is not None
+    assert baseline[0] >= 3 * (2 + 1), baseline  # each worker's prefetch, and one turn more
+
+
 @contextlib.contextmanager
 def _cpu_hog() -> Iterator[None]:
     """Another process spinning on a core, as other jobs do on a shared machine."""

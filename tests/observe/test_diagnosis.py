@@ -504,3 +504,22 @@ def test_on_a_cpu_whose_step_keeps_every_core_busy_a_worker_is_predicted_for_rea
     found = diagnose(window(100, 15, wait_cpu=1.0, sampler=single, context=one))
     rec = next(r for d in found for r in d.recommendations if r.knob == "num_workers")
     assert rec.auto_apply and rec.expected_gain == pytest.approx(100 / 85 - 1, abs=0.01)
+
+
+def test_workers_whose_waits_a_saturated_reading_hides_are_read_from_what_they_delivered() -> None:
+    # 4 workers that wait 3 ms a sample off the CPU, read at the fit's start while the machine
+    # looked saturated: taken for CPU work alone (0.08 ms a sample), the model sent the loader
+    # back to the main process (+19 %, measured -79 %) or deepened a queue never full (+512 %).
+    # Yet the window ran at 1,194 samples/s waiting 84 % of the time: 2.8 ms a sample at least.
+    sampler = SamplerSeries(
+        worker_cpu_percent=(9.9,) * 5, num_worker_processes=4, system_cpu_percent=(93.0,) * 5,
+        main_cpu_percent=(89.0,) * 5,
+    )  # fmt: skip
+    ctx = JobContext(device_type="cpu", num_workers=4, prefetch_factor=2, cpus_per_rank=2,
+                     cpu_worker_budget=1, intra_op_threads=2, batch_size=16)  # fmt: skip
+    found = diagnose(window(13.4, 11.3, batch=16, steps=8, sampler=sampler, context=ctx))
+    first = found[0].recommendations[0]
+    assert found[0].kind is BottleneckKind.STORAGE
+    assert (first.knob, first.current) == ("num_workers", 4) and first.proposed > 4, str(first)
+    assert "(97% of it waiting)" in first.reason
+    assert not any(r.knob == "prefetch_factor" for d in found for r in d.recommendations)

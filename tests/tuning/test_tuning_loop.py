@@ -485,3 +485,12 @@ def test_decide_is_a_function_of_its_inputs_the_clock_one_of_them() -> None:
     first.stop("done", now=104.0)
     assert first.summary(SETTINGS, (), now=500.0).tuning_s == 4.0  # fixed when it stopped
     assert second.summary(SETTINGS, (), now=103.0).tuning_s == 3.0  # still under way
+
+
+def test_the_warm_up_lasts_until_the_first_queue_of_workers_is_used_never_less() -> None:
+    lp = loop(warmup_steps=5)
+    lp.drain_first(3)  # fewer queued batches than the warm-up: it stays
+    assert lp.warmup_steps == 5
+    lp.drain_first(12)
+    assert [lp.on_step(switched=True, now=0.0) for _ in range(12)] == [False] * 11 + [True]
+    assert lp.phase == "baseline"
