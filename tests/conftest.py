@@ -49,6 +49,11 @@ import threadpoolctl  # noqa: F401  (see below)
 # threadpoolctl sets KMP_DUPLICATE_LIB_OK; imported here, before any test, so the first test that
 # happens to import them is not failed for a leak.
 
+# The math trials' tests plant their own slow and fast steps; on a CPU without bf16 kernels the
+# precision knob would not be offered at all (``knobs.precision.cpu_bf16``). Their scripts and
+# examples run in child processes, which inherit it. tests/knobs/test_precision_cpu.py unsets it.
+os.environ.setdefault("LIGHTNING_MAXTP_CPU_BF16", "1")
+
 _GRACE_S = 10.0
 
 

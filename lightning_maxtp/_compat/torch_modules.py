@@ -15,6 +15,8 @@ The math knobs and the batch-size snapshot read or write it.
   (read to warn about the call order); trial steps must not leave it behind.
 * ``GradScaler._scale``, ``._growth_tracker`` (created lazily) and ``._per_optimizer_states``:
   the scale state a snapshot restores.
+* ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``: whether oneDNN runs bf16 kernels on this
+  CPU (AVX-512 on x86, bf16 instructions on Arm); torch has no public call for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "SCALER_TENSORS",
     "clear_scaler_optimizer_states",
     "compiled_call",
+    "cpu_bf16_kernels",
     "fused_kernel_devices",
     "is_compiled",
     "scaler_tensors",
@@ -45,6 +48,20 @@ SCALER_TENSORS = ("_scale", "_growth_tracker")
 
 NOT_MARKED = object()
 """``scheduler_mark`` of an optimizer no LR scheduler has seen step."""
+
+
+def cpu_bf16_kernels() -> bool | None:
+    """Whether this CPU has bf16 kernels (``None``: this torch cannot say).
+
+    Without them bf16 autocast is emulated: on an AVX2-only AMD EPYC, a 3-layer conv net's step
+    ran 13x slower under it.
+    """
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def compiled_call(module: nn.Module) -> Any:
