@@ -119,8 +119,17 @@ def explain_drift(
         state: ``snapshot()`` taken now.
     """
     ref_context, context = reference.context, drifted.context
-    changed = _changed(
-        {f: getattr(ref_context, f) for f in SETTINGS}, {f: getattr(context, f) for f in SETTINGS}
+    # A field one window has not read (``None``: tf32 and gc_tuned are read once the math knobs
+    # are bound) is not a change: "tf32 None -> False" named a cause where nothing changed. A
+    # loader setting that is ``None`` beside workers (prefetch_factor) moves with num_workers,
+    # which is shown.
+    changed = tuple(
+        c
+        for c in _changed(
+            {f: getattr(ref_context, f) for f in SETTINGS},
+            {f: getattr(context, f) for f in SETTINGS},
+        )
+        if c[1] is not None and c[2] is not None
     )
     if changed:
         why = f"settings differ from the reference window's: {_fmt(changed)}"

@@ -68,6 +68,14 @@ def test_a_setting_changed_since_the_reference_is_named_first() -> None:
     )
 
 
+def test_a_setting_the_reference_had_not_read_is_no_change() -> None:
+    # Read on a 2-CPU fit: "settings differ from the reference window's: gc_tuned None -> False,
+    # tf32 None -> False", where nothing had changed and the loader was what slowed.
+    drifted = _window(25.0, main=103.4, tf32=False, gc_tuned=False)
+    cause = explain_drift(REFERENCE, drifted, STATE, STATE)
+    assert cause is None or cause.kind != "settings", cause
+
+
 def test_a_knob_left_behind_shows_in_the_state_the_context_does_not_carry() -> None:
     now = {**STATE, "knob:channels_last": True}
     cause = explain_drift(REFERENCE, _window(25.0), STATE, now)
