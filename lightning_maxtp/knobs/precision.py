@@ -10,6 +10,7 @@ back when the fit ends. Once kept it stays watched: a non-finite loss later undo
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -22,6 +23,8 @@ from lightning_maxtp.observe.recommend import bf16_native
 
 __all__ = ["CPU_BF16_ENV", "Precision", "cpu_bf16"]
 
+log = logging.getLogger(__name__)
+
 
 CPU_BF16_ENV = "LIGHTNING_MAXTP_CPU_BF16"
 """``1``: treat this CPU as having bf16 kernels, ``0``: as having none; unset: as torch says."""
@@ -30,15 +33,20 @@ CPU_BF16_ENV = "LIGHTNING_MAXTP_CPU_BF16"
 def cpu_bf16() -> bool:
     """Whether a bf16 trial may run on this CPU (``CPU_BF16_ENV``, else torch's answer).
 
-    Raises:
-        ValueError: If the variable is set to anything but ``0`` or ``1``.
+    Read mid-fit, when the math knobs are offered: a value other than ``0`` or ``1`` is logged
+    as a warning naming it and torch's answer is used (an error then would end the user's fit).
     """
     value = os.environ.get(CPU_BF16_ENV)
-    if value is None:
-        return cpu_bf16_kernels() is not False  # a torch that cannot say: as before, try it
-    if value not in ("0", "1"):
-        raise ValueError(f"{CPU_BF16_ENV} must be '0' or '1', got {value!r}; unset it to ask torch")
-    return value == "1"
+    if value in ("0", "1"):
+        return value == "1"
+    if value is not None:
+        log.warning(
+            "%s must be '0' or '1', got %r: ignored, torch's answer used; set it to 0 or 1, or "
+            "unset it",
+            CPU_BF16_ENV,
+            value,
+        )
+    return cpu_bf16_kernels() is not False  # a torch that cannot say: as before, try it
 
 
 class Precision(BaseKnob):
@@ -87,7 +95,7 @@ class Precision(BaseKnob):
             return f"no mixed precision on {device}"
         if device == "cpu" and not cpu_bf16():
             # Emulated, it is several times slower: a trial would cost more than it could
-            # ever win (13x slower a step here, cut short after 5 steps: 6 s of a 17 s fit).
+            # ever win (13x slower a step here, cut short after 5 steps: 6 s of a 22 s fit).
             return (
                 "this CPU has no bf16 kernels (no AVX-512): bf16 autocast would be emulated "
                 f"(set {CPU_BF16_ENV}=1 to try it anyway)"
