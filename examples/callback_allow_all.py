@@ -9,7 +9,9 @@ under the numerics guard, which reverts a trial and restores the model and optim
 loss goes non-finite or rises out of the reference's band. ``--break-bf16`` plants a model
 whose loss turns NaN under autocast, to watch the guard undo it.
 
-On a small CPU bf16 autocast usually pays (~1.2x), channels_last does not (~0.8x), and a
+On a small CPU with bf16 kernels (AVX-512) bf16 autocast usually pays (~1.2x); on one without
+them it is emulated, many times slower, and not tried (``LIGHTNING_MAXTP_CPU_BF16=1`` tries it
+anyway, as ``--break-bf16`` does, to show the guard). channels_last does not pay (~0.8x), and a
 short fit's tuning budget leaves compile out (compiling takes tens of seconds on few cores).
 
 Usage: ``python examples/callback_allow_all.py [--steps N] [--allow all|safe|NAMES]
@@ -19,6 +21,7 @@ Usage: ``python examples/callback_allow_all.py [--steps N] [--allow all|safe|NAM
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -28,6 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_maxtp import MaxThroughputCallback
+from lightning_maxtp.knobs.precision import CPU_BF16_ENV
 
 
 class ConvNet(pl.LightningModule):
@@ -69,6 +73,8 @@ def main() -> None:
     parser.add_argument("--allow", default="all", help="all, safe, or names, comma-separated")
     parser.add_argument("--break-bf16", action="store_true")
     args = parser.parse_args()
+    if args.break_bf16:  # the guard needs a bf16 trial, even where bf16 would be emulated
+        os.environ.setdefault(CPU_BF16_ENV, "1")
     allow: Any = args.allow if args.allow in ("all", "safe") else tuple(args.allow.split(","))
     pl.seed_everything(0, verbose=False)
     callback = MaxThroughputCallback(allow=allow, warmup_steps=3, window_steps=10)
