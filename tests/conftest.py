@@ -45,6 +45,8 @@ import psutil
 import pytest
 import threadpoolctl  # noqa: F401  (see below)
 
+from lightning_maxtp.knobs.precision import CPU_BF16_ENV
+
 # Importing lightning sets TORCHINDUCTOR_CACHE_DIR and PYTORCH_NVML_BASED_CUDA_CHECK, importing
 # threadpoolctl sets KMP_DUPLICATE_LIB_OK; imported here, before any test, so the first test that
 # happens to import them is not failed for a leak.
@@ -52,7 +54,7 @@ import threadpoolctl  # noqa: F401  (see below)
 # The math trials' tests plant their own slow and fast steps; on a CPU without bf16 kernels the
 # precision knob would not be offered at all (``knobs.precision.cpu_bf16``). Their scripts and
 # examples run in child processes, which inherit it. tests/knobs/test_precision_cpu.py unsets it.
-os.environ.setdefault("LIGHTNING_MAXTP_CPU_BF16", "1")
+os.environ.setdefault(CPU_BF16_ENV, "1")
 
 _GRACE_S = 10.0
 

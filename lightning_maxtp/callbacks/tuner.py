@@ -291,17 +291,16 @@ class Tuner:
         """
         from lightning_maxtp._compat.torch_modules import is_compiled
 
-        loader = self.loader
-        workers = None if loader is None else loader.settings()["num_workers"]
+        settings = None if self.loader is None else self.loader.settings()
+        workers = None if settings is None else settings["num_workers"]
         if workers == 0 and not is_compiled(trainer.lightning_module):
             self.loop.nothing_to_warm()
         batches = trainer.num_training_batches
         steps = self.config.window_steps
         if isinstance(batches, int) and MIN_EPOCH_WINDOW <= batches < steps:
             steps = batches
-        elif workers and loader is not None:
-            prefetch = loader.settings().get("prefetch_factor") or 2
-            self.loop.drain_first(queued_batches(workers, prefetch))
+        elif workers and settings is not None:
+            self.loop.drain_first(queued_batches(workers, settings.get("prefetch_factor")))
         self.window_steps = steps
         self.monitor.window_steps = steps
 
@@ -406,7 +405,7 @@ class Tuner:
         """
         context = self.knobs.context()
         starts = workers_after(settings, context) if starts_workers(settings, context) else 0
-        prefetch = settings.get("prefetch_factor", context.get("prefetch_factor")) or 2
+        prefetch = settings.get("prefetch_factor", context.get("prefetch_factor"))
         queued = queued_batches(starts, prefetch)
         self.switches.mark(len(self.monitor.step_log), starts=starts, queued=queued)
 

@@ -25,6 +25,9 @@ __all__ = ["CPU_BF16_ENV", "Precision", "cpu_bf16"]
 
 log = logging.getLogger(__name__)
 
+_WARNED: set[str] = set()
+"""Bad values of ``CPU_BF16_ENV`` already warned about."""
+
 
 CPU_BF16_ENV = "LIGHTNING_MAXTP_CPU_BF16"
 """``1``: treat this CPU as having bf16 kernels, ``0``: as having none; unset: as torch says."""
@@ -39,7 +42,8 @@ def cpu_bf16() -> bool:
     value = os.environ.get(CPU_BF16_ENV)
     if value in ("0", "1"):
         return value == "1"
-    if value is not None:
+    if value is not None and value not in _WARNED:  # once: asked at every decision
+        _WARNED.add(value)
         log.warning(
             "%s must be '0' or '1', got %r: ignored, torch's answer used; set it to 0 or 1, or "
             "unset it",

@@ -89,10 +89,11 @@ def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> lis
     return [n for n in (new, old) if n > 0]
 
 
-def queued_batches(workers: int, prefetch_factor: int) -> int:
+def queued_batches(workers: int, prefetch_factor: int | None) -> int:
     """Batches that may be ready at once after ``workers`` start: what a settle drains first.
 
-    Each worker's prefetched batches (``prefetch_factor``), and one turn more: the first
+    Each worker's prefetched batches (``prefetch_factor``; ``None``: torch's default, 2), and
+    one turn more: the first
     batches are taken as the workers come up one by one, and each batch taken asks its worker
     for another, loaded before the last worker is up. A window begun before they are used
     times the queue, not the workers: 23 workers that wait on reads, read two turns after
@@ -103,7 +104,7 @@ def queued_batches(workers: int, prefetch_factor: int) -> int:
     """
     if workers <= 0:
         return 0
-    return workers * (max(prefetch_factor, 1) + 1)
+    return workers * (max(prefetch_factor or 2, 1) + 1)
 
 
 def trial_risk_s(start_s: Sequence[float], early_steps: int, step_s: float) -> float:

@@ -49,8 +49,9 @@ def test_a_bad_value_of_the_variable_is_named_in_a_warning_and_torch_decides(
 ) -> None:
     # Read mid-fit: an error there would end the user's fit.
     monkeypatch.setattr(precision_module, "cpu_bf16_kernels", lambda: False)
+    monkeypatch.setattr(precision_module, "_WARNED", set())
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with caplog.at_level(logging.WARNING, logger="lightning_maxtp.knobs.precision"):
-        offer = Precision().offer(_fit())
-    assert isinstance(offer, NotOffered)
-    assert f"{CPU_BF16_ENV} must be '0' or '1', got 'yes': ignored" in caplog.text
+        offers = [Precision().offer(_fit()) for _ in range(3)]  # asked at every decision
+    assert all(isinstance(offer, NotOffered) for offer in offers)
+    assert caplog.text.count(f"{CPU_BF16_ENV} must be '0' or '1', got 'yes': ignored") == 1
