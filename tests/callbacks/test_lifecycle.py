@@ -34,17 +34,24 @@ def _loader(batch_size: int = 8, samples: int = 480) -> DataLoader[Any]:
     return DataLoader(SleepDataset(samples, 0.004), batch_size=batch_size, shuffle=True)
 
 
-def _tuned_fit(callback: MaxThroughputCallback, **kwargs: Any) -> tuple[pl.Trainer, dict]:
-    trainer = _trainer(callback, max_epochs=1, **kwargs)
-    trainer.fit(IdModel(), _loader())
+def _tuned_fit(**kwargs: Any) -> tuple[pl.Trainer, dict, MaxThroughputCallback]:
+    # Only settings tuning converged to are carried (``state_dict``); under a loaded test run a
+    # fit may stop before it converges (seen once in CI: the resumed fit then tuned again).
+    # Such a fit is not what these tests are about: it runs once more, with a fresh callback.
+    for _attempt in range(3):
+        callback = _callback()
+        trainer = _trainer(callback, max_epochs=1, **kwargs)
+        trainer.fit(IdModel(), _loader())
+        if callback.state_dict():
+            break
     assert callback.tuning.finished and callback.trials[0].kept, str(callback.tuning)
+    assert callback.state_dict(), callback.tuning.stop_reason
     assert callback.loader is not None
-    return trainer, callback.loader.settings()
+    return trainer, callback.loader.settings(), callback
 
 
 def test_a_second_fit_of_the_same_trainer_keeps_the_tuned_settings() -> None:
-    callback = _callback()
-    trainer, tuned = _tuned_fit(callback)
+    trainer, tuned, callback = _tuned_fit()
     first_loader = callback.loader
 
     trainer.fit_loop.max_epochs = 2  # continue for another epoch
@@ -60,8 +67,7 @@ def test_a_second_fit_of_the_same_trainer_keeps_the_tuned_settings() -> None:
 
 
 def test_a_new_trainer_with_the_same_callback_keeps_the_tuned_settings() -> None:
-    callback = _callback()
-    _, tuned = _tuned_fit(callback)
+    _, tuned, callback = _tuned_fit()
     _trainer(callback, max_epochs=1).fit(IdModel(), _loader())
     assert not callback.trials and callback.loader is not None
     assert callback.loader.settings() == tuned
@@ -70,8 +76,7 @@ def test_a_new_trainer_with_the_same_callback_keeps_the_tuned_settings() -> None
 def test_a_resumed_checkpoint_applies_the_tuned_settings_and_a_changed_loader_retunes(
     tmp_path: Path,
 ) -> None:
-    callback = _callback()
-    trainer, tuned = _tuned_fit(callback)
+    trainer, tuned, _ = _tuned_fit()
     ckpt = tmp_path / "last.ckpt"
     trainer.save_checkpoint(ckpt)
 
