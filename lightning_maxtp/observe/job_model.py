@@ -46,7 +46,7 @@ them share every field, and each reading rule sits next to the prediction that n
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lightning_maxtp.observe import thresholds as th
@@ -364,6 +364,34 @@ class JobModel:
         if self.epoch_samples:
             t += self.epoch_s(workers, persistent, start_s) / self.epoch_samples
         return t
+
+    def threads_gain(self, threads: int, now: int) -> float:
+        """The gain predicted for the step on ``threads`` intra-op threads instead of ``now``.
+
+        The step's time scales with its threads as if its operations split evenly, and it keeps
+        at most that many cores busy, so the loading beside it first fills the cores it leaves
+        instead of displacing its threads; a single thread is only delayed, not stalled. Fewer
+        threads: the prediction errs against the change (real scaling is less than linear: from
+        1 to 2 threads on 2 CPUs, ResNet-18 at 64 px 1.75x, a 2048-wide matmul 1.84x). Measured
+        the same day, one thread beat two only once the loading beside them took about half a
+        core (ResNet-18: 0.94x the time at 0.5 of a core, 1.26x at 0.25; the matmul 1.17x at
+        0.5, 0.70x at 1.0). Against the rate measured too, as in ``choose``.
+        """
+        workers = self.workers
+        other = replace(
+            self,
+            step_s=self.step_s * now / threads,
+            step_cores=min(self.step_cores * threads / now, float(threads)),
+            # One thread has no other waiting for it at a barrier: loading that displaces it
+            # delays it by its own CPU time, no more.
+            contention=1.0 if threads == 1 else self.contention,
+            serial_s=0.0,
+        )
+        before, after = self.seconds_per_sample(workers)[0], other.seconds_per_sample(workers)[0]
+        gain = before / after - 1
+        if self.steps_samples_per_s > 0:
+            gain = min(gain, 1 / (after * self.steps_samples_per_s) - 1)
+        return gain
 
     def predict(self, workers: int) -> Prediction:
         """The predicted rate of the steps with ``workers`` workers."""

@@ -161,3 +161,30 @@ class ThreadsDataset(Dataset[tuple[int, int, int, int]]):
         seen = -1 if self.init_ran is None else self.init_ran[1]
         omp = int(os.environ.get("OMP_NUM_THREADS", "-1"))
         return index, torch.get_num_threads(), omp, seen
+
+
+class MatmulBatches(Dataset[tuple[torch.Tensor]]):
+    """Rows of 32 features, each batch costing its worker ``matmuls`` matrix products.
+
+    ``__getitems__`` (which torch's fetcher calls with a batch's indices) computes the batch at
+    once, so a loader with a batch size runs it like a batch-at-a-time loader. A worker runs
+    one thread (torch's default in workers), so the share of a core it takes beside a matmul
+    step depends little on the machine's speed.
+    """
+
+    def __init__(self, samples: int, width: int = 2048, matmuls: int = 6) -> None:
+        self.samples, self.width, self.matmuls = samples, width, matmuls
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor]]:
+        g = torch.Generator().manual_seed(indices[0])
+        w = torch.randn(self.width, self.width, generator=g)
+        x = torch.randn(len(indices), self.width, generator=g)
+        for _ in range(self.matmuls):
+            x = torch.tanh(x @ w / self.width**0.5)
+        return [(row,) for row in x[:, :32].contiguous()]

@@ -6,9 +6,10 @@ keeps every trial's window rates as the loop finishes it (the reference first, a
 ``judge.judge`` reads them), ``check_verdict`` asserts that the trial's record agrees with those
 rates and that its verdict is the one ``judge.judge`` gives for them.
 
-For trials without a predicted gain (a prediction may keep a trial after its first window,
-``sequential.confirmed_at_once``) on fits without a tuning budget (``cost_share=None``: every
-re-measure is paid, so none ends a trial undecided for want of budget).
+On fits without a tuning budget (``cost_share=None``: every re-measure is paid, so none ends
+a trial undecided for want of budget). A trial with a predicted gain of ``CONFIRM_GAIN`` or
+more ends after one pair only when kept (its first window confirmed the prediction,
+``sequential.confirmed_at_once``, or the rule kept it): a miss is measured again first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from lightning_maxtp.tuning.judge import judge
+from lightning_maxtp.tuning.sequential import CONFIRM_GAIN
 from lightning_maxtp.tuning.tuning_loop import TuningLoop, window_rate
 
 __all__ = ["Judged", "check_verdict", "record_judged", "rule_verdict"]
@@ -78,15 +80,17 @@ def rule_verdict(judged: Judged, min_gain: float) -> str:
     """The verdict the rule gives ``judged``'s windows (see the module for which trials).
 
     ``guarded`` when the guard failed; ``reverted`` when its first window was cut short as
-    losing; else ``judge.judge`` on the rates: kept beyond the noise and the gain two (or three)
-    pairs must show, reverted under ``min_gain``, undecided between.
+    losing; ``kept`` after one pair with a predicted gain of ``CONFIRM_GAIN`` or more; else
+    ``judge.judge`` on the rates: kept beyond the noise and the gain two (or three) pairs must
+    show, reverted under ``min_gain``, undecided between.
     """
-    assert judged.expected_gain is None, f"a predicted trial: {judged}"
     if judged.guard_failed:
         return "guarded"
     if judged.cut_short:
         assert len(judged.rates) == 2, judged
         return "reverted"
+    if (judged.expected_gain or 0.0) >= CONFIRM_GAIN and len(judged.rates) == 2:
+        return "kept"
     outcome, _ = judge(list(judged.rates), min_gain)
     assert outcome in ("kept", "reverted", "undecided"), (
         f"the rule wanted another window ({outcome!r}): the trial ended before it was judged, "

@@ -305,3 +305,23 @@ def test_on_cuda_the_devices_own_time_bounds_every_prediction() -> None:
     # Too few events completed (a window closed on a stalled read): the host's time stands.
     few = dataclasses.replace(host, device_time_s=(0.006,) * 3)
     assert few.device_step_s is None
+
+
+def test_fewer_threads_pay_only_beside_loading_that_takes_a_share_of_a_core() -> None:
+    # A compute-bound step on 2 CPUs with 4 workers beside it (ResNet-18 at 64 px measured
+    # 75 samples/s, the workers on 0.13 of a core: one thread was 21 % slower).
+    def model(worker_cores: float) -> JobModel:
+        window = measured(rate=75, wait_share=0.01, wait_cpu_share=0.0, process_cores=1.85,
+                          workers=4, worker_cores=worker_cores / 4)  # fmt: skip
+        built = JobModel.from_window(window)
+        assert built is not None
+        return built
+
+    gains = [model(cores).threads_gain(1, 2) for cores in (0.13, 0.3, 0.6, 0.75)]
+    assert gains[0] < -0.2  # the step on one core instead of two, nothing won back
+    assert gains == sorted(gains)  # the more the loading displaces, the more one thread wins
+    assert gains[1] < 0.05 < gains[2]  # measured by hand: one thread won from about 0.45 on
+    # Loading that fills the cores with work of its own leaves no barrier waits to win back.
+    assert model(1.6).threads_gain(1, 2) < 0.05
+    # The same thread count predicts no gain (against the rate measured, the lower figure).
+    assert model(0.6).threads_gain(2, 2) <= 0.0
