@@ -7,6 +7,7 @@ import pytest
 from lightning_maxtp.callbacks import StepClock
 from lightning_maxtp.observe import BottleneckKind, Diagnosis, Window, diagnose
 from lightning_maxtp.observe.job_model import JobModel
+from lightning_maxtp.observe.recommend import Recommendation, modelled_workers
 from tests.helpers import planted
 
 
@@ -51,8 +52,17 @@ def test_slow_reads_with_idle_workers_is_storage() -> None:
     assert window.sampler.num_worker_processes == 2
     assert top.evidence["loader_busy_cores"] < 0.3  # workers sleep on "reads"
     assert top.evidence["data_wait_share"] > 0.3
-    assert top.recommendations[0].knob in {"num_workers", "prefetch_factor"}
-    assert top.recommendations[0].auto_apply
+    # More reads in flight, as many workers as the job model predicts finish soonest. When
+    # other jobs slow the step (the parallel suite), it may predict no gain from them: then a
+    # deeper read-ahead or the storage advice comes first (both read the same window).
+    first = top.recommendations[0]
+    modelled = modelled_workers(window)
+    if isinstance(modelled, Recommendation):
+        assert (first.knob, first.proposed, first.auto_apply) == (
+            modelled.knob, modelled.proposed, True)  # fmt: skip
+    else:
+        assert first.knob in {"prefetch_factor", "dataset location"}, [str(d) for d in found]
+        assert "dataset location" in [r.knob for r in top.recommendations]
 
 
 def test_heavy_model_on_memory_data_is_compute() -> None:
