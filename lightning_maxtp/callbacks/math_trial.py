@@ -82,11 +82,15 @@ class MathTrials:
         missing = [
             k
             for k in MATH_ORDER.get(kind, ())
-            if k not in allowed
+            if self.config.allow != "all"
+            and k not in allowed
             and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
             and (not knob_class(k).named_only or k in named)
+            # What this fit could not try even if allowed (bf16 on a CPU without its kernels)
+            # is not worth allowing.
+            and not isinstance(self.math.offer(k), NotOffered)
         ]
-        if missing and self.config.allow != "all":
+        if missing:
             self.journal.note(
                 f"not allowed: {', '.join(missing)} (the {kind} bottleneck seen while tuning "
                 "points to them; allow='all' tries each behind a numerics guard)"

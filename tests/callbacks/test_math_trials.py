@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
+from lightning_maxtp.knobs.precision import CPU_BF16_ENV
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from tests.helpers.models import ConvModel, image_loader
 from tests.helpers.scripts import rank_outputs, run_script
@@ -170,7 +171,13 @@ def test_compile_is_tried_in_place_its_compile_time_counted_and_reverted_or_kept
     assert out["finite"]
 
 
-def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back() -> None:
+@pytest.mark.parametrize("bf16", ["1", "0"])
+def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back(
+    bf16: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without bf16 kernels (``cpu_bf16``) precision could not be tried: not worth allowing.
+    monkeypatch.setenv(CPU_BF16_ENV, bf16)
+    named = "not allowed: precision, channels_last" if bf16 == "1" else "not allowed: channels_last"
     matmul = torch.get_float32_matmul_precision()
     # The note comes with a compute-bound diagnosis; on a loaded machine (CI's parallel pass)
     # the loop's own time between steps once read as data wait and no note came: a second fit
@@ -180,9 +187,9 @@ def test_not_allowed_knobs_stay_recommendations_and_process_flags_are_put_back()
         assert all(t.knob not in ("precision", "channels_last", "compile") for t in callback.trials)
         assert torch.get_float32_matmul_precision() == matmul
         notes = callback.tuning.notes
-        if any(n.startswith("not allowed: precision, channels_last") for n in notes):
+        if any(n.startswith(named) for n in notes):
             break
-    assert any(n.startswith("not allowed: precision, channels_last") for n in notes), notes
+    assert any(n.startswith(named) for n in notes), notes
 
 
 _DDP_SCRIPT = """
