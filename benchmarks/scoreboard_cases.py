@@ -235,7 +235,11 @@ def both_directions(p: Profile, emit: Emit) -> None:
         cb = callback()
         from4.append(job.fit(4, persistent=True, callbacks=[cb]))
         notes.append(_summary(cb))
-    better = [min(a, b) for a, b in zip(none, four, strict=True)]
+    # The better setting over the rounds, not each round's faster fit: the two are within a
+    # few percent of each other here and one fit lands up to 30 % off the next, so the faster
+    # of two fits is a lucky draw the callback's one fit would be held to (the rows read
+    # 1.11-1.22x against it while trying nothing; 0.97-0.99x against 4 workers alone).
+    better = none if statistics.median(none) <= statistics.median(four) else four
     hand = f"hand: 0 workers {statistics.median(none):.1f} s, 4 {statistics.median(four):.1f} s"
     emit(ratio_row("both_directions", "from 0 vs better hand", from0, better, most=1.10,
                    smoke=p.smoke, detail=f"{hand}; {notes[-2]}"))  # fmt: skip
@@ -261,9 +265,14 @@ def never_slower(p: Profile, emit: Emit) -> None:
                 steps=800),
         ]  # fmt: skip
         workers |= {"tiny_steps_2000": 0, "already_tuned": 4}
+    # These fits try nothing, so the ratio is the callback's cost against the machine's noise:
+    # the same 9.6 s conv fit without the callback took 9.6 to 15.3 s in four rounds by hand
+    # (the callback's rounds 0.76x to 1.43x). With three rounds or more, the median ratio
+    # outlasts one such round.
+    rounds = p.rounds if p.smoke else max(p.rounds, 3)
     for job in jobs:
         plain, ours, first_plain, first_ours, notes = [], [], [], [], []
-        for _ in range(p.rounds):
+        for _ in range(rounds):
             for out, firsts, cbs in ((plain, first_plain, []), (ours, first_ours, [callback()])):
                 first = FirstStep()
                 started = time.perf_counter()
