@@ -771,21 +771,22 @@ class Tuner:
 
     # -- the steps of the loop --------------------------------------------------------------
 
-    def _decide(self) -> Decision:  # noqa: PLR0912 - one loop: each ask answered, sized, paid or skipped
+    def _decide(self) -> Decision:
         """Rank zero: the next trial, or why the loop stops (``Try`` or ``Stop``).
 
         The loop asks for what it cannot know itself: the loader measured alone (training
         waits for it) and the next allowed math knob; each is answered once.
         """
-        if self.loader is None:
-            return Stop("the train loader cannot be switched (see notes)")
         cost = self._cost()
         if cost.left_s <= 0:
             spent = f"{cost.cost_s:.1f} s of {cost.budget_s or 0:.1f} s"
             return Stop(f"tuning cost budget spent: {spent}")
         settings = self.knobs.context()
         device = self.monitor.context.device_type
-        wants_plan = self.config.tune_loader and self.loader_plan is None
+        # A loader that cannot be switched (see the notes) leaves the other knobs: its own
+        # settings are then absent from ``settings``, and no loader knob is tried.
+        switchable = self.loader is not None
+        wants_plan = self.config.tune_loader and self.loader_plan is None and switchable
         plan: Try | Ask | None = ASK if wants_plan else None
         math_knob: Try | Ask | None = ASK
         unpaid = ""
@@ -986,7 +987,6 @@ class Tuner:
         return plan_change(self.loader_plan, self.loader.settings(), window_rate(self.loop.ref))
 
     def _start_trial(self, trainer: pl.Trainer, change: Try) -> None:
-        assert self.loader is not None
         knob, new, why = change.knob, change.settings, change.why
         old = self.knobs.current(new)
         admitted = self._affordable(change, self.knobs.context())
@@ -1017,7 +1017,7 @@ class Tuner:
         self, verdict: Step, window: Window, found: tuple[Any, ...], check: Any = None
     ) -> bool:
         """Act on a trial window's verdict; ``True`` while the trial goes on (re-measuring)."""
-        assert self.loader is not None and self.loop.pending is not None
+        assert self.loop.pending is not None
         old, new = self.loop.pending
         trial = self.loop.advance(verdict, window, found, check)
         if trial is None:  # looked like a gain: re-measure the reference, then the trial
@@ -1036,7 +1036,6 @@ class Tuner:
         return False
 
     def _finish_trial(self, trial: KnobTrial) -> None:
-        assert self.loader is not None
         self.journal.say(str(trial), brief=trial_line(trial))
         old = self._last_old
         current = self.knobs.current(old)

@@ -235,7 +235,9 @@ def next_change(
 
     Args:
         diagnoses: Findings of the last window, most confident first.
-        settings: The loader's current ``num_workers``/``prefetch_factor``/... values.
+        settings: The loader's current ``num_workers``/``prefetch_factor``/... values (none
+            when the train loader cannot be switched: no loader knob is proposed then) and the
+            main threads'.
         tried: ``(knob, repr(value))`` pairs already tried and reverted, and those a kept trial
             replaced (measured slower).
         device_type: ``pin_memory`` only helps copies to a CUDA device.
@@ -250,6 +252,8 @@ def next_change(
     for rec in diagnoses[0].recommendations:
         if not rec.auto_apply or rec.knob not in (*LOADER_KNOBS, THREADS):
             continue
+        if rec.knob in LOADER_KNOBS and "num_workers" not in settings:
+            continue  # a train loader that cannot be switched: its settings are not in force
         if rec.knob == "pin_memory" and device_type != "cuda":
             continue
         if rec.knob in _NEED_WORKERS and not settings["num_workers"]:

@@ -40,7 +40,9 @@ class History(Callback):
         }
 
 
-def _fit(model: ConvModel, steps: int, **kwargs: Any) -> tuple[MaxThroughputCallback, History]:
+def _fit(
+    model: ConvModel, steps: int, loader: Any = None, **kwargs: Any
+) -> tuple[MaxThroughputCallback, History]:
     pl.seed_everything(0, verbose=False)
     defaults: dict[str, Any] = {
         "warmup_steps": 2, "window_steps": 8, "tune_loader": False, "verbose": False,
@@ -51,8 +53,26 @@ def _fit(model: ConvModel, steps: int, **kwargs: Any) -> tuple[MaxThroughputCall
         accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=[callback, history], max_steps=steps,
     )  # fmt: skip
-    trainer.fit(model, image_loader())
+    trainer.fit(model, image_loader() if loader is None else loader)
     return callback, history
+
+
+class _OwnLoader(torch.utils.data.DataLoader[Any]):
+    """A DataLoader subclass, as LitData's ``StreamingDataLoader`` is: not switched mid-fit."""
+
+
+def test_a_train_loader_that_cannot_be_switched_leaves_the_other_knobs_to_try() -> None:
+    data = image_loader().dataset
+    loader = _OwnLoader(data, batch_size=32, shuffle=True)
+    callback, _ = _fit(ConvModel(nan_under_autocast=True, step_sleep_s=0.02), 60, loader,
+                       allow=("precision",))  # fmt: skip
+    notes = callback.tuning.notes
+    assert any(n.startswith("loader knobs not changed: the train loader is a _OwnLoader")
+               for n in notes), notes  # fmt: skip
+    # The loader's knobs are left alone; the math knob allowed is tried (and guarded: NaN).
+    assert [(t.knob, t.verdict) for t in callback.trials] == [("precision", "guarded")], (
+        callback.tuning.stop_reason, [str(t) for t in callback.trials])  # fmt: skip
+    assert callback.loader is None
 
 
 def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored() -> None:

@@ -313,6 +313,21 @@ def test_a_capped_worker_change_already_tried_is_not_offered_again() -> None:
     assert next_change(found, SETTINGS, {("num_workers", "2")}, max_workers=2) is None
 
 
+def test_without_the_loader_s_settings_only_the_other_knobs_are_proposed() -> None:
+    from lightning_maxtp.tuning.trials import next_change
+
+    recs = (
+        Recommendation("num_workers", 1, 0, "fewer workers", True),
+        Recommendation("intra_op_threads", 2, 1, "a worker shares the cores", True),
+    )
+    found = (Diagnosis(BottleneckKind.COMPUTE, 0.9, "busy", recommendations=recs),)
+    threads = {"intra_op_threads": 2}
+    assert next_change(found, {**SETTINGS, "num_workers": 1, **threads}, set())[0] == "num_workers"
+    # A train loader that cannot be switched has no settings in force: its knobs are skipped.
+    rec = ("intra_op_threads", 1, "a worker shares the cores")
+    assert next_change(found, threads, set()) == rec
+
+
 def test_tuning_that_converged_stays_converged_after_one_more_trial_stopped_by_a_budget() -> None:
     lp = loop()
     lp.record_baseline(window(100.0), compute())
