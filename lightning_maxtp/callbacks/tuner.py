@@ -146,6 +146,8 @@ class Tuner:
         self.window_losses: list[float] = []
         """The losses of the window being handed to ``measured``/``monitored``."""
         self.source_loader: Any = None
+        self.unswitchable: str | None = None
+        """Why the train loader cannot be switched (``None``: it can, or none was seen yet)."""
         self.loader_plan: Any = None
         """``tune_dataloader``'s plan once measured (``False`` when it failed)."""
         self.cost = TuningCost()
@@ -230,6 +232,7 @@ class Tuner:
             self.loader, self.source_loader = loader, loader.source
             return loader
         why = switchable_reason(loader)
+        self.unswitchable = why
         if why is not None:
             self.journal.note(f"loader knobs not changed: {why}")
             return loader
@@ -291,15 +294,15 @@ class Tuner:
         """
         from lightning_maxtp._compat.torch_modules import is_compiled
 
-        settings = None if self.loader is None else self.loader.settings()
-        workers = None if settings is None else settings["num_workers"]
+        settings = self._loader_settings()
+        workers = settings.get("num_workers")
         if workers == 0 and not is_compiled(trainer.lightning_module):
             self.loop.nothing_to_warm()
         batches = trainer.num_training_batches
         steps = self.config.window_steps
         if isinstance(batches, int) and MIN_EPOCH_WINDOW <= batches < steps:
             steps = batches
-        elif workers and settings is not None:
+        elif workers:
             self.loop.drain_first(queued_batches(workers, settings.get("prefetch_factor")))
         self.window_steps = steps
         self.monitor.window_steps = steps
@@ -329,15 +332,15 @@ class Tuner:
         self._cut_losing(trainer)
         self._decided_baseline(trainer)
         self._settle_longer(trainer)
-        loader = self.loader
-        if self._settle_left and self.loop.finished and loader is not None and loader.switched:
+        # Settle steps count once the old workers drained their in-flight batches
+        # (deterministic, so every DDP rank closes its window at the same step); a loader that
+        # is not switched has none in flight for a change.
+        switched = self.loader is None or self.loader.switched
+        if self._settle_left and self.loop.finished and switched:
             self._settle_left -= 1
             if not self._settle_left:
                 self._charge_switch()
                 self.monitor.restart_window()
-        # Settle steps count once the old workers drained their in-flight batches
-        # (deterministic, so every DDP rank closes its window at the same step).
-        switched = self.loader is not None and self.loader.switched
         if self.loop.on_step(switched=switched, now=time.perf_counter()):
             self._charge_switch()
             steps = self._turns(self.window_steps)
@@ -385,8 +388,18 @@ class Tuner:
     def _workers(self, settings: dict[str, Any] | None = None) -> int:
         """The loader's workers under ``settings`` (default: those in force); 0 without one."""
         if settings is None:
-            settings = {} if self.loader is None else self.loader.settings()
+            settings = self._loader_settings()
         return int(settings.get("num_workers") or 0)
+
+    def _loader_settings(self) -> dict[str, Any]:
+        """The train loader's settings: the switchable one's, else the user's loader's.
+
+        The user's as read at the fit's start: the loop does not change them.
+        """
+        if self.loader is not None:
+            return self.loader.settings()
+        ctx = self.monitor.context
+        return {"num_workers": ctx.num_workers, "prefetch_factor": ctx.prefetch_factor}
 
     def _turns(self, steps: int, settings: dict[str, Any] | None = None) -> int:
         """A tuning window's length in whole turns of the workers (``cycle_steps``).
@@ -564,7 +577,7 @@ class Tuner:
         if isinstance(decision, Try):
             self._start_trial(trainer, decision)
         else:
-            self.stop(decision.reason if isinstance(decision, Stop) else "no loader")
+            self.stop(decision.reason if isinstance(decision, Stop) else "no decision")
 
     def _steps_left(self) -> float:
         """Training batches left in the fit (``inf`` when Lightning cannot say).
@@ -711,7 +724,9 @@ class Tuner:
         return dataclasses.replace(
             report,
             diagnoses=labelled_untried(
-                remaining(tuple(found), self.loop.tried, tuning.settings), self._untried_why()
+                remaining(tuple(found), self.loop.tried, tuning.settings),
+                self._untried_why(),
+                loader_why=self.unswitchable,
             ),
             knob_changes=tuple(self.knob_changes),
             notes=(*notes, *self.notes),

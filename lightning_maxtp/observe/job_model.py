@@ -381,7 +381,7 @@ class JobModel:
         other = replace(
             self,
             step_s=self.step_s * now / threads,
-            step_cores=min(self.step_cores * threads / now, float(threads)),
+            step_cores=min(self.step_cores, float(threads)),
             # One thread has no other waiting for it at a barrier: loading that displaces it
             # delays it by its own CPU time, no more.
             contention=1.0 if threads == 1 else self.contention,

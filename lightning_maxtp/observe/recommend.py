@@ -130,8 +130,9 @@ def main_threads(
     operations. ``None`` off the CPU, or when the pool already fits.
 
     With a ``model`` of the job (a compute-bound window's), fewer threads only when it predicts
-    them at least ``MIN_GAIN`` faster: what the workers take is measured, not assumed from
-    their count (4 workers beside a ResNet-18 step on 2 CPUs used 0.13 of a core, and one
+    them at least ``MODEL_GAIN`` faster (the least predicted gain the loop tries: two pairs of
+    windows could not keep less): what the workers take is measured, not assumed from their
+    count (4 workers beside a ResNet-18 step on 2 CPUs used 0.13 of a core, and one
     thread made the step 21 % slower).
     """
     cpus, threads = ctx.cpus_per_rank, ctx.intra_op_threads
@@ -143,10 +144,10 @@ def main_threads(
         why = f"{workers} worker(s) share {cpus} CPUs with the step's {threads} threads"
         if model is not None:
             gain = model.threads_gain(fits, threads)
-            if gain < th.MIN_GAIN:
+            if gain < th.MODEL_GAIN:
                 return None
             why += f"; the job model predicts {gain:+.0%} ({model.load_cpu_s * 1e3:.2f} ms of "
-            why += f"loading CPU a sample beside a {model.step_s * 1e3:.2f} ms step)"
+            why += f"loading CPU a sample beside {model.step_s * 1e3:.2f} ms of step)"
     elif grow and threads < fits:
         why = f"the step computes on {threads} of the {fits} CPUs its workers leave"
     else:

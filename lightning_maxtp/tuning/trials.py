@@ -278,12 +278,14 @@ def remaining(
     """The diagnoses without the recommendations that no longer apply.
 
     Those are the knobs tried and reverted, and the worker-only knobs (prefetch, persistence)
-    when ``settings`` leave the loader without workers and no ``num_workers`` change is offered.
+    when ``settings`` leave the loader without workers and no ``num_workers`` change is offered
+    (settings without the loader's: a loader the loop does not switch, whose diagnosis read its
+    own workers).
     """
 
     def keep(d: Diagnosis) -> tuple[Any, ...]:
         recs = [r for r in d.recommendations if (r.knob, repr(r.proposed)) not in tried]
-        no_workers = settings is not None and not settings.get("num_workers")
+        no_workers = settings is not None and not settings.get("num_workers", 1)
         if no_workers and not any(r.knob == "num_workers" for r in recs):
             recs = [r for r in recs if r.knob not in _NEED_WORKERS]
         return tuple(recs)
@@ -291,22 +293,31 @@ def remaining(
     return tuple(replace(d, recommendations=keep(d)) for d in diagnoses)
 
 
-def labelled_untried(diagnoses: tuple[Diagnosis, ...], why: str) -> tuple[Diagnosis, ...]:
+def labelled_untried(
+    diagnoses: tuple[Diagnosis, ...], why: str, *, loader_why: str | None = None
+) -> tuple[Diagnosis, ...]:
     """The diagnoses with each auto-applicable recommendation saying why the loop did not try it.
 
     The end-of-fit report reads the same diagnosis rules as the loop, on later windows; an
     automatic change it names there was not tried, and says why (``why``: the stop reason,
-    or that the fit ended first), so that the report and the loop never seem to disagree.
+    or that the fit ended first; ``loader_why``, for the loader's knobs, why the train loader
+    cannot be switched), so that the report and the loop never seem to disagree.
     """
 
     def label(d: Diagnosis) -> Diagnosis:
         recs = tuple(
-            replace(r, reason=f"{r.reason}; not tried: {why}") if r.auto_apply else r
+            replace(r, reason=f"{r.reason}; not tried: {_untried(r.knob, why, loader_why)}")
+            if r.auto_apply
+            else r
             for r in d.recommendations
         )
         return replace(d, recommendations=recs)
 
     return tuple(label(d) for d in diagnoses)
+
+
+def _untried(knob: str, why: str, loader_why: str | None) -> str:
+    return loader_why if loader_why is not None and knob in LOADER_KNOBS else why
 
 
 def fmt_settings(settings: Any) -> str:

@@ -574,7 +574,8 @@ class TuningLoop:
         by calling again with ``plan=`` or ``math=``.
 
         Args:
-            settings: The loader's settings now in force.
+            settings: The loader's settings now in force (none for a loader the loop does not
+                switch) and the main threads'.
             device_type: ``"cuda"``, ``"cpu"``, ... (``pin_memory`` only pays for CUDA).
             now: The caller's clock, for ``time_budget_s``.
             steps_left: Training steps left in the fit (``inf``: unknown); a trial that could

@@ -69,9 +69,12 @@ def test_a_train_loader_that_cannot_be_switched_leaves_the_other_knobs_to_try() 
     notes = callback.tuning.notes
     assert any(n.startswith("loader knobs not changed: the train loader is a _OwnLoader")
                for n in notes), notes  # fmt: skip
-    # The loader's knobs are left alone; the math knob allowed is tried (and guarded: NaN).
+    # The loader's knobs are left alone; the math knob allowed is tried on measured windows
+    # (and guarded: NaN), and the loop goes on after it.
+    stop = callback.tuning.stop_reason
     assert [(t.knob, t.verdict) for t in callback.trials] == [("precision", "guarded")], (
-        callback.tuning.stop_reason, [str(t) for t in callback.trials])  # fmt: skip
+        stop, [str(t) for t in callback.trials])  # fmt: skip
+    assert callback.trials[0].windows >= 1 and not stop.startswith("the fit ended"), stop
     assert callback.loader is None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from lightning_maxtp.callbacks import MaxThroughputCallback
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
@@ -240,9 +240,11 @@ def test_a_knob_without_effect_is_never_kept_on_a_loaded_machine(attempt: int) -
     assert (trial.knob, trial.new) not in left
 
 
+@pytest.mark.serial  # the trial rests on the share of a core the worker takes beside the step
 @pytest.mark.slow
+@pytest.mark.parametrize("switchable", [True, False])
 def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back(
-    monkeypatch: pytest.MonkeyPatch,
+    switchable: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cpus = inspect_resources().cpu.effective
     if cpus < 2:
@@ -263,8 +265,18 @@ def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back(
         for _attempt in range(3):
             torch.set_num_threads(cpus)
             judged.clear()
-            loader = DataLoader(MatmulBatches(256 * 60), batch_size=256, num_workers=cpus - 1,
-                                persistent_workers=True)  # fmt: skip
+            data = MatmulBatches(256 * 60)
+            # The same batches from a loader the loop cannot switch (batch_size=None): the
+            # threads are tried all the same.
+            batches = (
+                {"batch_size": 256}
+                if switchable
+                else {
+                    "batch_size": None,
+                    "sampler": BatchSampler(SequentialSampler(data), 256, False),
+                }
+            )
+            loader = DataLoader(data, num_workers=cpus - 1, persistent_workers=True, **batches)
             callback = _callback(window_steps=6, max_trials=3)
             _trainer([callback], max_steps=60).fit(MatmulModel(width=2048), loader)
             assert torch.get_num_threads() == cpus  # process state: put back at the fit's end
@@ -282,6 +294,7 @@ def test_a_compute_bound_cpu_fit_tries_fewer_main_threads_and_puts_them_back(
     check_verdict(tried[0].to_dict(), judged[at], callback.config.min_gain)
     in_force = callback.tuning.settings
     assert in_force.get("intra_op_threads") == (1 if tried[0].kept else None), in_force
+    assert (callback.loader is not None) == switchable
 
 
 class _StopAfter(pl.Callback):

@@ -167,9 +167,10 @@ class MatmulBatches(Dataset[tuple[torch.Tensor]]):
     """Rows of 32 features, each batch costing its worker ``matmuls`` matrix products.
 
     ``__getitems__`` (which torch's fetcher calls with a batch's indices) computes the batch at
-    once, so a loader with a batch size runs it like a batch-at-a-time loader. A worker runs
-    one thread (torch's default in workers), so the share of a core it takes beside a matmul
-    step depends little on the machine's speed.
+    once, so a loader with a batch size runs it like a batch-at-a-time loader; an index list
+    (``batch_size=None`` with a batch sampler) gets the batch collated. torch runs one
+    intra-op thread in a DataLoader worker, so the share of a core a worker takes beside a
+    matmul step depends little on the machine's speed.
     """
 
     def __init__(self, samples: int, width: int = 2048, matmuls: int = 6) -> None:
@@ -178,7 +179,9 @@ class MatmulBatches(Dataset[tuple[torch.Tensor]]):
     def __len__(self) -> int:
         return self.samples
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor]:
+    def __getitem__(self, index: int | list[int]) -> tuple[torch.Tensor]:
+        if isinstance(index, list):
+            return (torch.stack([row for (row,) in self.__getitems__(index)]),)
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor]]:

@@ -328,6 +328,24 @@ def test_without_the_loader_s_settings_only_the_other_knobs_are_proposed() -> No
     assert next_change(found, threads, set()) == rec
 
 
+def test_the_report_says_why_the_knobs_of_a_loader_never_switched_were_not_tried() -> None:
+    from lightning_maxtp.tuning.trials import labelled_untried, remaining
+
+    recs = (
+        Recommendation("prefetch_factor", 2, 4, "deeper read-ahead", True),
+        Recommendation("intra_op_threads", 2, 1, "a worker shares the cores", True),
+    )
+    found = (Diagnosis(BottleneckKind.DATA_PIPELINE, 0.9, "waits", recommendations=recs),)
+    # Without the loader's settings (it was never switched) its workers' knobs stay.
+    kept = remaining(found, set(), {"intra_op_threads": 2})
+    assert [r.knob for r in kept[0].recommendations] == ["prefetch_factor", "intra_op_threads"]
+    why = "the train loader is a StreamingDataLoader, not a plain torch DataLoader"
+    labelled = labelled_untried(kept, "tuning had stopped", loader_why=why)
+    reasons = [r.reason for r in labelled[0].recommendations]
+    assert reasons == [f"deeper read-ahead; not tried: {why}",
+                       "a worker shares the cores; not tried: tuning had stopped"]  # fmt: skip
+
+
 def test_tuning_that_converged_stays_converged_after_one_more_trial_stopped_by_a_budget() -> None:
     lp = loop()
     lp.record_baseline(window(100.0), compute())
