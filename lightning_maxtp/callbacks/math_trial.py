@@ -81,9 +81,8 @@ class MathTrials:
         allowed, device = self.math.allowed, self.monitor.context.device_type
         missing = [
             k
-            for k in MATH_ORDER.get(kind, ())
-            if self.config.allow != "all"
-            and k not in allowed
+            for k in (() if self.config.allow == "all" else MATH_ORDER.get(kind, ()))
+            if k not in allowed
             and (k not in DEVICE_LIMITED or device in DEVICE_LIMITED[k])
             and (not knob_class(k).named_only or k in named)
             # What this fit could not try even if allowed (bf16 on a CPU without its kernels)

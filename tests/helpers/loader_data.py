@@ -181,13 +181,17 @@ class MatmulBatches(Dataset[tuple[torch.Tensor]]):
 
     def __getitem__(self, index: int | list[int]) -> tuple[torch.Tensor]:
         if isinstance(index, list):
-            return (torch.stack([row for (row,) in self.__getitems__(index)]),)
-        return self.__getitems__([index])[0]
+            return (self._batch(index),)
+        return (self._batch([index])[0],)
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor]]:
+        return [(row,) for row in self._batch(indices)]
+
+    def _batch(self, indices: list[int]) -> torch.Tensor:
+        """The batch of ``indices``: ``matmuls`` products of a seeded ``width``-wide matrix."""
         g = torch.Generator().manual_seed(indices[0])
         w = torch.randn(self.width, self.width, generator=g)
         x = torch.randn(len(indices), self.width, generator=g)
         for _ in range(self.matmuls):
             x = torch.tanh(x @ w / self.width**0.5)
-        return [(row,) for row in x[:, :32].contiguous()]
+        return x[:, :32].contiguous()
