@@ -157,6 +157,11 @@ class BottleneckMonitor(Callback):
         """Steps measured in the window that has not closed yet."""
         return self.clock.open_steps
 
+    @property
+    def epoch_steps(self) -> int:
+        """Training steps ended since the epoch started."""
+        return self.clock.epoch_steps
+
     def open_window(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """Step times and samples of the window that has not closed yet."""
         return self.clock.open_window()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,11 @@ def count_samples(batch: Any) -> int:
         f"cannot count samples in a batch of {type(batch).__name__}; pass "
         "`samples_fn=lambda batch: ...` to the monitor"
     )
+
+
+def _loader_key(ctx: Any) -> tuple[Any, ...]:
+    """The loader settings an epoch boundary's cost depends on (``JobContext`` fields)."""
+    return (ctx.num_workers, ctx.persistent_workers, ctx.prefetch_factor, ctx.loaders_following)
 
 
 class StepClock(Callback):
@@ -136,6 +142,11 @@ class StepClock(Callback):
         """When the step under way is timed from (the last step's end, or an epoch start)."""
         self._epochs: dict[tuple[Any, ...], tuple[float, float]] = {}
         """``Window.epoch_parts_s`` last measured per loader settings (``_carry_epochs``)."""
+        self._first_fetch: tuple[tuple[Any, ...], float] | None = None
+        """The loader settings at the fit's first fetch, and how long it waited (its workers
+        starting and its first batch), for ``_carry_epochs`` before any boundary is seen."""
+        self.epoch_steps = 0
+        """Training steps ended since the epoch started."""
 
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
@@ -188,6 +199,7 @@ class StepClock(Callback):
         # step is timed with the rest, its data wait counted from here; the time since the
         # last step (the epoch's end, validation) is its gap: outside every step, yet paid.
         self._since = (time.perf_counter(), time.thread_time())
+        self.epoch_steps = 0
         self.flops.abandon()  # a counted batch whose end never came: validation ran since
 
     @override
@@ -208,6 +220,8 @@ class StepClock(Callback):
         self._gap, self._boundary = 0.0, self._since is not None and self._last_end is not None
         if self._since is not None:
             since, since_cpu = self._since
+            if self._last_end is None and self.context is not None:
+                self._first_fetch = (_loader_key(self.context), now - since)
             if self._last_end is None or since > self._last_end:
                 self._gap = 0.0 if self._last_end is None else since - self._last_end
                 self._from, self._wait, self._wait_cpu = since, now - since, cpu - since_cpu
@@ -248,6 +262,7 @@ class StepClock(Callback):
             self._buf["boundary"].append(self._boundary)
         self._last_end, self._last_end_cpu = now, cpu
         self._step += 1
+        self.epoch_steps += 1
         if len(self._buf["step"]) >= self.window_steps:
             return self._close(trainer)
         return None
@@ -312,17 +327,30 @@ class StepClock(Callback):
         """A window with what an epoch boundary costs under its loader settings.
 
         Remembered from the windows that held one, handed to those that held none (epochs
-        longer than windows: most hold none).
+        longer than windows: most hold none). Before any window held one, workers that do not
+        persist are predicted to cost at each epoch start what they cost at the fit's first
+        fetch beyond a steady step's wait (they start again each epoch), and as much again at
+        each validation for each validation loader that follows the train loader's settings.
         """
-        ctx = window.context
-        key = (ctx.num_workers, ctx.persistent_workers, ctx.prefetch_factor, ctx.loaders_following)
+        key = _loader_key(window.context)
         if any(window.epoch_start):
             parts = window.epoch_parts_s
             if parts is not None:
                 self._epochs[key] = parts
             return window
-        carried = self._epochs.get(key)
+        carried = self._epochs.get(key) or self._first_epoch(window, key)
         return window if carried is None else dataclasses.replace(window, carried_epoch_s=carried)
+
+    def _first_epoch(self, window: Window, key: tuple[Any, ...]) -> tuple[float, float] | None:
+        """``Window.epoch_parts_s`` predicted from the fit's first fetch (``_carry_epochs``)."""
+        ctx = window.context
+        if self._first_fetch is None or not ctx.num_workers or ctx.persistent_workers:
+            return None
+        settings, waited = self._first_fetch
+        if settings != key or not window.data_wait_s:
+            return None
+        start = max(0.0, waited - statistics.median(window.data_wait_s))
+        return start, start * ctx.loaders_following
 
     @property
     def open_steps(self) -> int:
