@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 
 from benchmarks.runner import tuning_account
-from benchmarks.scoreboard import Row, ratio_row
+from benchmarks.scoreboard import NEVER_SLOWER_ROUNDS, Row, ratio_row
 from benchmarks.timing import StepTimer
 from benchmarks.workloads.loop_jobs import (
     Job,
@@ -281,7 +281,7 @@ def never_slower(p: Profile, emit: Emit) -> None:
     # the same 9.6 s conv fit without the callback took 9.6 to 15.3 s in four rounds by hand
     # (the callback's rounds 0.76x to 1.43x). With three rounds or more, the median ratio
     # outlasts one such round.
-    rounds = p.rounds if p.smoke else max(p.rounds, 3)
+    rounds = p.rounds if p.smoke else max(p.rounds, NEVER_SLOWER_ROUNDS)
     for job in jobs:
         plain, ours, first_plain, first_ours, notes = [], [], [], [], []
         for _ in range(rounds):
