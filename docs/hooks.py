@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_maxtp.knobs.base import Knob
+    from lightning_maxtp.knobs.setting import SettingKnob
 
 MARK = "<!-- maxtp:metrics -->"
 ARGUMENTS_MARK = "<!-- maxtp:callback-arguments -->"
@@ -39,15 +40,12 @@ README_REGION = re.compile(
     r"(<!-- maxtp:knobs-readme -->)(.*?)(<!-- /maxtp:knobs-readme -->)", re.S
 )
 ROOT = Path(__file__).resolve().parents[1]
-ALWAYS_ROWS = (
-    # Not registry knobs (the loader's own and the main process's threads, tried from the
-    # diagnosis, never from ``allow``): the README names them beside the registry's.
-    (
-        "DataLoader workers, prefetch, pinning, persistence, workers' thread limits",
-        "the train loader, switched mid-epoch without skipping or repeating a sample",
-    ),
-    ("main process's intra-op threads", "CPU devices: sized to the cores the workers leave"),
-)
+HOLDERS = {
+    # The fit's own settings (``knobs.registry.SETTINGS``), one README row per holder.
+    "loader": "the train loader, switched mid-epoch without skipping or repeating a sample",
+    "process": "the main process, sized to the cores the workers leave; put back at the end",
+}
+SETTINGS_MARK = "<!-- maxtp:setting-knobs -->"
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
@@ -60,6 +58,8 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         markdown = markdown.replace(ARGUMENTS_MARK, callback_arguments_table())
     if KNOBS_MARK in markdown:
         markdown = markdown.replace(KNOBS_MARK, knobs_table())
+    if SETTINGS_MARK in markdown:
+        markdown = markdown.replace(SETTINGS_MARK, settings_table())
     return markdown
 
 
@@ -204,12 +204,52 @@ def knobs_table() -> str:
     return "\n".join(lines)
 
 
+def setting_rows() -> list[tuple[str, str]]:
+    """One README row per holder of the fit's own settings: their names, what holds them."""
+    from lightning_maxtp.knobs.registry import SETTINGS
+
+    rows = []
+    for holder, text in HOLDERS.items():
+        names = ", ".join(f"`{k.name}`" for k in SETTINGS if k.holder == holder)
+        rows.append((names, text))
+    return rows
+
+
+def setting_conditions(knob: type[SettingKnob]) -> str:
+    """When a setting knob is tried beyond the diagnosis recommending it, in a phrase."""
+    parts = []
+    if knob.needs_workers:
+        parts.append("with workers only")
+    if knob.counts_workers:
+        parts.append("grows up to `max_workers`")
+    if knob.epoch_start_only:
+        parts.append("not in the fit's last epoch")
+    if knob.devices is not None:
+        parts.append(f"{', '.join(sorted(d.upper() for d in knob.devices))} only")
+    return "; ".join(parts) or "-"
+
+
+def settings_table() -> str:
+    """The fit's own settings as knobs, a Markdown table rendered from their classes."""
+    from lightning_maxtp.knobs.registry import SETTINGS
+
+    held = {"loader": "train loader", "process": "main process"}
+    lines = [
+        "| knob | held by | what changes | also | why it may pay |",
+        "|---|---|---|---|---|",
+    ]
+    for knob in SETTINGS:
+        cells = (held[knob.holder], _markdown(knob.changes), setting_conditions(knob), knob.reason)
+        lines.append(f"| `{knob.name}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def readme_knobs_table() -> str:
-    """The README's short knob table: the loader's and threads' rows, then every registry knob."""
+    """The README's short knob table: the fit's own settings, then every registry knob."""
     from lightning_maxtp.knobs.registry import KNOBS
 
     lines = ["| knob | `allow` | what it does |", "|---|---|---|"]
-    lines += [f"| {what} | always | {text} |" for what, text in ALWAYS_ROWS]
+    lines += [f"| {what} | always | {text} |" for what, text in setting_rows()]
     for knob in KNOBS:
         cells = (knob_allow(knob), knob_trial(knob, short=True))
         lines.append(f"| `{knob.name}` | " + " | ".join(_cell(c) for c in cells) + " |")

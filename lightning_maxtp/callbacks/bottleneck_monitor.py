@@ -26,7 +26,7 @@ from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.ranks import RankSpread
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.step_clock import StepClock
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.knobs.registry import LOADER_SETTINGS
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe.capture import CAPTURE_MODES, CaptureMode, KernelCapture
 from lightning_maxtp.observe.diagnosis import Diagnosis, diagnose, needs_capture
@@ -229,7 +229,7 @@ class BottleneckMonitor(Callback):
             return
         self._published_at = now
         ctx = window.context
-        settings = {k: getattr(ctx, k, None) for k in LOADER_KNOBS} if ctx is not None else {}
+        settings = {k: getattr(ctx, k, None) for k in LOADER_SETTINGS} if ctx is not None else {}
         top = found[0] if found else None
         write_status(
             {

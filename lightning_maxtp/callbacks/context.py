@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp._log import prefixed
+from lightning_maxtp.knobs.registry import LOADER_SETTINGS
+from lightning_maxtp.knobs.threads import THREADS, MainThreads
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
@@ -52,7 +54,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
         "device_type": device.type,
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,
-        "intra_op_threads": torch.get_num_threads(),
+        THREADS: MainThreads.current(),
         "compiled": is_compiled(trainer.lightning_module),
     }
     loader = _first_loader(trainer.train_dataloader)
@@ -62,10 +64,7 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
     if loader is not None:
         ctx |= {
             "batch_size": loader.batch_size,
-            "num_workers": loader.num_workers,
-            "prefetch_factor": loader.prefetch_factor,
-            "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers,
+            **{name: getattr(loader, name) for name in LOADER_SETTINGS},
             "dataset": type(loader.dataset).__name__,
             "iterable_dataset": isinstance(loader.dataset, IterableDataset),
         }

@@ -31,8 +31,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.knobs.registry import KNOBS
-from lightning_maxtp.knobs.threads import THREADS
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.knobs.registry import SETTINGS as SETTING_KNOBS
 from lightning_maxtp.observe.window import JobContext
 
 if TYPE_CHECKING:
@@ -60,8 +59,7 @@ _CONTEXT_FIELDS = frozenset(f.name for f in fields(JobContext))
 SETTINGS: tuple[str, ...] = tuple(
     name
     for name in (
-        *LOADER_KNOBS,
-        THREADS,
+        *(k.context_field for k in SETTING_KNOBS if k.context_field is not None),
         "batch_size",
         *(k.context_field for k in KNOBS if k.context_field is not None),
     )

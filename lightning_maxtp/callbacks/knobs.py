@@ -1,8 +1,10 @@
-"""What a trial may change in a fit: the loader's knobs, the main process's threads, the math.
+"""What a trial may change in a fit: the fit's own settings and the math, each through its knob.
 
-The loader's knobs switch through ``SwitchableLoader`` at a batch boundary; the math knobs
-(``math_knobs``) at once, when ``allow`` permits them; the main process's intra-op pools
-(``knobs.threads``) at once too, and they are put back when the fit ends.
+Every name a trial sets is a knob's (``knobs.registry``): the fit's own settings
+(``SETTINGS``: the train loader's, switched at its next batch boundary through
+``SwitchableLoader``, and the main process's intra-op pools, at once and put back when the fit
+ends) and the math knobs (``math_knobs``, at once, when ``allow`` permits them). ``Knobs``
+reads and requests them by asking each knob, never by its name.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.knobs.registry import KNOBS, MATH_KNOBS
+from lightning_maxtp.knobs.base import FitView
+from lightning_maxtp.knobs.registry import KNOBS, MATH_KNOBS, SETTINGS, knob_class
+from lightning_maxtp.knobs.setting import SettingKnob
 from lightning_maxtp.knobs.threads import THREADS, MainThreads
 
 if TYPE_CHECKING:
@@ -35,32 +39,38 @@ class Knobs:
         self.loader: SwitchableLoader | None = None
         self.threads = MainThreads()
         self.math = math
+        self._settings: dict[str, SettingKnob] = {k.name: k() for k in SETTINGS}
 
-    def _loader_settings(self) -> dict[str, Any]:
-        return self.loader.settings() if self.loader is not None else {}
+    @property
+    def _fit(self) -> FitView:
+        trainer = None if self.math is None else self.math.trainer
+        return FitView(trainer, loader=self.loader, threads=self.threads)
 
     def settings(self) -> dict[str, Any]:
-        """The settings in force for the report: the loader's, and the threads once changed."""
-        settings = self._loader_settings()
-        if self.threads.changed:
-            settings[THREADS] = self.threads.current()
-        elif self.threads.restored_from is not None:  # in force until the fit ended
-            settings[THREADS] = self.threads.restored_from
+        """The settings in force for the report: the loader's, the threads once changed."""
+        fit, settings = self._fit, {}
+        for knob in self._settings.values():
+            settings.update(knob.reported(fit))
         if self.math is not None:
             settings.update(self.math.in_force)
         return settings
 
     def context(self) -> dict[str, Any]:
         """The current values windows are diagnosed with (``JobContext`` fields)."""
-        context = {**self._loader_settings(), THREADS: self.threads.current()}
+        fit = self._fit
+        context = {
+            knob.context_field: knob.current(fit)
+            for knob in self._settings.values()
+            if knob.context_field is not None and knob.held(fit)
+        }
         if self.math is not None and self.math.trainer is not None:
-            for knob in KNOBS:
-                if knob.context_field is not None:
-                    context[knob.context_field] = self.math.current(knob.name)
+            for math_knob in KNOBS:
+                if math_knob.context_field is not None:
+                    context[math_knob.context_field] = self.math.current(math_knob.name)
         return context
 
     def current(self, keys: Iterable[str]) -> dict[str, Any]:
-        """The current values of ``keys`` (loader, threads or math knobs)."""
+        """The current values of ``keys`` (the fit's settings or math knobs)."""
         now = self.context()
         math = self.math
         return {
@@ -68,12 +78,22 @@ class Knobs:
         }
 
     def request(self, **settings: Any) -> None:
-        """Apply ``settings``: threads and math at once, the loader's at its next batch boundary."""
-        if self.math is not None:
-            for knob in [k for k in settings if k in MATH_KNOBS]:
-                self.math.set(knob, settings.pop(knob))
-        threads = settings.pop(THREADS, None)
-        if threads is not None:
-            self.threads.set(int(threads))
-        if settings and self.loader is not None:
-            self.loader.request(**settings)
+        """Apply ``settings``: threads and math at once, the loader's at its next batch boundary.
+
+        A loader setting without a switchable loader is dropped: the loop proposes none then.
+        """
+        fit = self._fit
+        for name, value in settings.items():
+            knob = self._settings.get(name)
+            if knob is None:
+                knob_class(name)  # a name no knob has: refused, naming the knobs
+                if self.math is not None:
+                    self.math.set(name, value)
+            elif knob.held(fit):
+                knob.apply(fit, value)
+
+    def restore(self) -> None:
+        """The fit ended: put back what is process-wide (the main threads; idempotent)."""
+        fit = self._fit
+        for knob in self._settings.values():
+            knob.restore(fit)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, knob_class
+from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, WORKERS, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 from lightning_maxtp.tuning.decisions import Try
@@ -158,7 +158,7 @@ def plan_change(plan: LoaderPlan, settings: dict[str, Any], rate: float) -> Try 
     the slower of the loader's measured rate and the device's consumption.
     """
     new = {k: v for k, v in plan.settings().items() if settings.get(k) != v}
-    if not new or (not plan.num_workers and not settings["num_workers"]):
+    if not new or (not plan.num_workers and not settings[WORKERS]):
         return None
     expected = None
     if plan.consumption_rate is not None and rate > 0 and plan.samples_per_s > 0:

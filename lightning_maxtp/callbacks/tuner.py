@@ -33,8 +33,15 @@ from lightning_maxtp.callbacks.math_knobs import MathKnobs
 from lightning_maxtp.callbacks.math_trial import MathTrials
 from lightning_maxtp.callbacks.metrics import PROGRESS_BAR
 from lightning_maxtp.knobs.base import Offer
-from lightning_maxtp.knobs.registry import GUARDED, MATH_KNOBS, knob_class
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.knobs.registry import (
+    GUARDED,
+    LOADER_SETTINGS,
+    MATH_KNOBS,
+    PERSISTENT,
+    PREFETCH,
+    WORKERS,
+    knob_class,
+)
 from lightning_maxtp.loader.switchable import SwitchableLoader, switchable_reason
 from lightning_maxtp.observe.job_model import JobModel
 from lightning_maxtp.observe.report import KnobChange, ThroughputReport
@@ -98,7 +105,7 @@ __all__ = ["Tuner"]
 
 log = logging.getLogger(__name__)
 
-_FOLLOWED = ("num_workers", "persistent_workers")
+_FOLLOWED = (WORKERS, PERSISTENT)
 MIN_EPOCH_WINDOW = 8
 """The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_epochs``)."""
 """A validation loader follows the train loader when these were the same in both."""
@@ -306,7 +313,7 @@ class Tuner:
         from lightning_maxtp._compat.torch_modules import is_compiled
 
         settings = self._loader_settings()
-        workers = settings.get("num_workers")
+        workers = settings.get(WORKERS)
         if workers == 0 and not is_compiled(trainer.lightning_module):
             self.loop.nothing_to_warm()
         batches = trainer.num_training_batches
@@ -318,7 +325,7 @@ class Tuner:
             if self._epoch_baseline:
                 self.loop.warmup_steps = min(self.loop.warmup_steps, early)
         elif workers:
-            self.loop.drain_first(queued_batches(workers, settings.get("prefetch_factor")))
+            self.loop.drain_first(queued_batches(workers, settings.get(PREFETCH)))
         self.window_steps = steps
         self.monitor.window_steps = steps
 
@@ -405,7 +412,7 @@ class Tuner:
         """The loader's workers under ``settings`` (default: those in force); 0 without one."""
         if settings is None:
             settings = self._loader_settings()
-        return int(settings.get("num_workers") or 0)
+        return int(settings.get(WORKERS) or 0)
 
     def _loader_settings(self) -> dict[str, Any]:
         """The train loader's settings: the switchable one's, else the user's loader's.
@@ -415,7 +422,7 @@ class Tuner:
         if self.loader is not None:
             return self.loader.settings()
         ctx = self.monitor.context
-        return {"num_workers": ctx.num_workers, "prefetch_factor": ctx.prefetch_factor}
+        return {WORKERS: ctx.num_workers, PREFETCH: ctx.prefetch_factor}
 
     def _turns(self, steps: int, settings: dict[str, Any] | None = None) -> int:
         """A tuning window's length in whole turns of the workers (``cycle_steps``).
@@ -434,7 +441,7 @@ class Tuner:
         """
         context = self.knobs.context()
         starts = workers_after(settings, context) if starts_workers(settings, context) else 0
-        prefetch = settings.get("prefetch_factor", context.get("prefetch_factor"))
+        prefetch = settings.get(PREFETCH, context.get(PREFETCH))
         queued = queued_batches(starts, prefetch)
         self.switches.mark(len(self.monitor.step_log), starts=starts, queued=queued)
 
@@ -661,7 +668,7 @@ class Tuner:
         The next fit starts as this one did. Idempotent: the fit's end, an exception and the
         teardown all call it.
         """
-        self.knobs.threads.restore()
+        self.knobs.restore()
         self.math.restore()
 
     def monitored(
@@ -812,7 +819,7 @@ class Tuner:
         settings = {
             k: v
             for k, v in settings.items()
-            if k in LOADER_KNOBS or (k in math.allowed and isinstance(math.offer(k), Offer))
+            if k in LOADER_SETTINGS or (k in math.allowed and isinstance(math.offer(k), Offer))
         }
         now = self.knobs.current(settings)
         changed = {k: v for k, v in settings.items() if now.get(k) != v}
@@ -981,7 +988,7 @@ class Tuner:
         """
         assert self.loop.ref is not None and self.loader is not None
         most = most_workers(self.config, self.resources, self.local_ranks)
-        workers = self.loader.settings().get("num_workers") or 0
+        workers = self.loader.settings().get(WORKERS) or 0
         if most is not None and workers >= most:
             # The search could only try fewer workers or a deeper prefetch: the loop tries those
             # on real steps without stopping training to measure the loader alone.
@@ -998,7 +1005,7 @@ class Tuner:
         potential = 0.0 if rest is None else rest * max(0.0, share)
         # Training waits while the loader is measured: the budget left bounds it beforehand
         # (savings only expected never raise it), less what the trial it proposes may cost.
-        trial = Try("loader plan", {"num_workers": most or 1}, "")
+        trial = Try("loader plan", {WORKERS: most or 1}, "")
         reserve = self._risk_s(trial, self.knobs.context())
         left = (cost.left_s if cost else math.inf) - reserve
         seconds = min(self.config.loader_time_budget_s, left)

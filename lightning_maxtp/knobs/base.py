@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
 
+    from lightning_maxtp.knobs.main_threads import MainThreads
+    from lightning_maxtp.loader.switchable import SwitchableLoader
+
 __all__ = ["BaseKnob", "FitView", "Knob", "NotOffered", "Offer"]
 
 
@@ -56,10 +59,30 @@ ALREADY_ON = NotOffered("already on", quiet=True)
 
 
 class FitView:
-    """The running fit as the knobs see it: the Trainer, its device, module and strategy."""
+    """The running fit as the knobs see it: the Trainer, its device, module and strategy.
 
-    def __init__(self, trainer: pl.Trainer) -> None:
-        self.trainer = trainer
+    Args:
+        trainer: The fit's Trainer (``None``: the setting knobs' view, before it is bound).
+        loader: The fit's switchable train loader (``None``: none the loop can switch).
+        threads: The main process's intra-op pools, as the fit started them.
+    """
+
+    def __init__(
+        self,
+        trainer: pl.Trainer | None,
+        *,
+        loader: SwitchableLoader | None = None,
+        threads: MainThreads | None = None,
+    ) -> None:
+        self._trainer = trainer
+        self.loader = loader
+        self.threads = threads
+
+    @property
+    def trainer(self) -> pl.Trainer:
+        """The fit's Trainer (a view with none is the setting knobs', which never ask)."""
+        assert self._trainer is not None, "a knob asked for the Trainer of a view without one"
+        return self._trainer
 
     @property
     def module(self) -> pl.LightningModule:

@@ -19,20 +19,35 @@ from lightning_maxtp.knobs.compile import Compile
 from lightning_maxtp.knobs.cudnn_benchmark import CudnnBenchmark
 from lightning_maxtp.knobs.fused_optimizer import FusedOptimizer
 from lightning_maxtp.knobs.gc_freeze import GcFreeze
+from lightning_maxtp.knobs.loader_settings import (
+    NumWorkers,
+    PersistentWorkers,
+    PinMemory,
+    PrefetchFactor,
+)
 from lightning_maxtp.knobs.precision import Precision
+from lightning_maxtp.knobs.setting import SettingKnob
 from lightning_maxtp.knobs.tf32 import Tf32
+from lightning_maxtp.knobs.threads import IntraOpThreads
+from lightning_maxtp.loader.candidate import LOADER_KNOBS
 
 __all__ = [
     "DEVICE_LIMITED",
     "GUARDED",
     "KNOBS",
+    "LOADER_SETTINGS",
     "MATH_KNOBS",
     "MATH_ORDER",
     "NOT_DETERMINISTIC",
+    "PERSISTENT",
+    "PREFETCH",
     "SAFE",
+    "SETTINGS",
+    "WORKERS",
     "MathKnob",
     "knob_class",
     "math_order",
+    "setting_class",
 ]
 
 KNOBS: tuple[type[Knob], ...] = (
@@ -45,7 +60,28 @@ KNOBS: tuple[type[Knob], ...] = (
     GcFreeze,
     BatchSize,
 )
-"""Every knob beyond the loader's and the main threads', in the order ties are tried."""
+"""Every knob ``allow`` names (beyond the fit's own settings), in the order ties are tried."""
+
+SETTINGS: tuple[type[SettingKnob], ...] = (
+    NumWorkers,
+    PrefetchFactor,
+    PinMemory,
+    PersistentWorkers,
+    IntraOpThreads,
+)
+"""The fit's own settings as knobs: the train loader's and the main threads', tried when the
+diagnosis recommends a value (``allow="safe"`` and ``"all"`` both permit them)."""
+
+LOADER_SETTINGS: tuple[str, ...] = tuple(k.name for k in SETTINGS if k.holder == "loader")
+"""The settings a switch of the train loader changes (a new loader iterator)."""
+assert LOADER_SETTINGS == LOADER_KNOBS, "the loader's knobs must be its settings, in order"
+
+(WORKERS,) = (k.name for k in SETTINGS if k.counts_workers)
+"""The setting that counts the loader's workers."""
+(PREFETCH,) = (k.name for k in SETTINGS if k.queue_depth)
+"""The setting that says how many batches each worker keeps ready."""
+(PERSISTENT,) = (k.name for k in SETTINGS if k.epoch_start_only)
+"""The setting that keeps the workers alive between epochs."""
 
 # Spelled out, not derived from KNOBS: type checkers and LightningCLI read a Literal's names
 # statically. The assert below and tests/knobs/test_registry.py keep the two in agreement.
@@ -97,6 +133,14 @@ def math_order(knobs: Sequence[type[Knob]]) -> dict[str, tuple[str, ...]]:
 MATH_ORDER: dict[str, tuple[str, ...]] = math_order(KNOBS)
 """Per bottleneck kind, the knobs that can pay, in the order they are tried (data-bound kinds:
 none; the device waits on the loader, so faster math cannot show)."""
+
+
+def setting_class(name: str) -> type[SettingKnob] | None:
+    """The setting knob called ``name`` (``None``: ``name`` is no setting's)."""
+    for knob in SETTINGS:
+        if knob.name == name:
+            return knob
+    return None
 
 
 def knob_class(name: str) -> type[Knob]:

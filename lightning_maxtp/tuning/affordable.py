@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from lightning_maxtp.knobs.registry import PERSISTENT, WORKERS
 from lightning_maxtp.observe.job_model import JobModel
 from lightning_maxtp.observe.thresholds import DATA_WAIT_SHARE_STRONG
 from lightning_maxtp.tuning.admission import Admission, admit
@@ -275,7 +276,7 @@ def sized(
         and math.isfinite(batches)
         and (math.ceil(batches) - 1) // epoch <= steps_done // epoch
     )
-    if change.knob == "persistent_workers" and change.settings.get("persistent_workers"):
+    if change.knob == PERSISTENT and change.settings.get(PERSISTENT):
         if last_epoch:
             assert batches is not None
             return (
@@ -284,19 +285,19 @@ def sized(
                 "left to save"
             )
         return change
-    if last_epoch and change.settings.get("persistent_workers"):
-        rest = {k: v for k, v in change.settings.items() if k != "persistent_workers"}
+    if last_epoch and change.settings.get(PERSISTENT):
+        rest = {k: v for k, v in change.settings.items() if k != PERSISTENT}
         change = replace(change, settings=rest)
-    if change.knob != "num_workers" or change.expected_gain is None:
+    if change.knob != WORKERS or change.expected_gain is None:
         return change
     model = JobModel.from_window(window)
     if model is None or batches is None or not math.isfinite(batches) or not window.steps:
         return change
     samples_left = max(0.0, batches - steps_done) * sum(window.samples) / window.steps
     choice = model.choose(most=most, samples_left=samples_left, start_s=per_start)
-    settings = {**change.settings, "num_workers": choice.workers}
+    settings = {**change.settings, WORKERS: choice.workers}
     if not choice.workers or not choice.persistent:
-        settings.pop("persistent_workers", None)
+        settings.pop(PERSISTENT, None)
     if choice.workers == model.workers:
         return (
             f"{fmt_settings(change.settings)} not tried: for the {samples_left:.0f} samples "

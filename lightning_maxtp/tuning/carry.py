@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_maxtp.knobs.registry import WORKERS
+
 __all__ = [
     "STATE_VERSION",
     "carried_settings",
@@ -79,7 +81,7 @@ def carried_settings(
         changed = [f"{k} {before.get(k)!r} -> {v!r}" for k, v in now.items() if before.get(k) != v]
         if changed:
             return None, f"tuned settings not reused: the {what} differs ({', '.join(changed)})"
-    workers = carried["settings"].get("num_workers")
+    workers = carried["settings"].get(WORKERS)
     if max_workers is not None and isinstance(workers, int) and workers > max_workers:
         return None, f"tuned settings not reused: num_workers={workers} > max_workers={max_workers}"
     shown = ", ".join(f"{k}={v}" for k, v in carried["settings"].items())

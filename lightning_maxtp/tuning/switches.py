@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.knobs.registry import LOADER_SETTINGS, PERSISTENT, WORKERS
 from lightning_maxtp.observe.job_model import PER_WORKER_S, WORKER_START_S
 
 __all__ = [
@@ -46,12 +46,12 @@ def settle_excess_s(step_s: Sequence[float], ref_step_s: float) -> float:
 
 def _loader_changes(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
     """Whether ``change`` moves a loader knob away from ``settings`` (a new loader iterator)."""
-    return any(k in LOADER_KNOBS and settings.get(k) != v for k, v in change.items())
+    return any(k in LOADER_SETTINGS and settings.get(k) != v for k, v in change.items())
 
 
 def workers_after(change: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
     """The DataLoader workers once ``settings`` switched to ``change``."""
-    return int(change.get("num_workers", settings.get("num_workers")) or 0)
+    return int(change.get(WORKERS, settings.get(WORKERS)) or 0)
 
 
 def starts_workers(change: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
@@ -69,9 +69,9 @@ def only_persists(change: Mapping[str, Any], settings: Mapping[str, Any]) -> boo
     The same workers load the same batches, so no step runs slower under it; and going back
     restarts the workers, as ``settings`` already does at every epoch's start.
     """
-    moved = {k: v for k, v in change.items() if k in LOADER_KNOBS and settings.get(k) != v}
-    workers = int(settings.get("num_workers") or 0)
-    return moved == {"persistent_workers": True} and workers > 0
+    moved = {k: v for k, v in change.items() if k in LOADER_SETTINGS and settings.get(k) != v}
+    workers = int(settings.get(WORKERS) or 0)
+    return moved == {PERSISTENT: True} and workers > 0
 
 
 def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> list[int]:
@@ -83,7 +83,7 @@ def worker_starts(change: Mapping[str, Any], settings: Mapping[str, Any]) -> lis
     """
     if not _loader_changes(change, settings):
         return []
-    old, new = int(settings.get("num_workers") or 0), workers_after(change, settings)
+    old, new = int(settings.get(WORKERS) or 0), workers_after(change, settings)
     if only_persists(change, settings):
         return [new]
     return [n for n in (new, old) if n > 0]

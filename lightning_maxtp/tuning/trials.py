@@ -7,17 +7,13 @@ and the loader's current settings and returns ONE auto-applicable change, or ``N
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from lightning_maxtp.knobs.threads import THREADS
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
+from lightning_maxtp.knobs.registry import WORKERS, setting_class
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.tuning.admission import Admission
 from lightning_maxtp.tuning.cost import TuningCost
 from lightning_maxtp.tuning.guard_band import GuardCheck
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "KnobTrial",
@@ -29,8 +25,6 @@ __all__ = [
     "remaining",
     "top_line",
 ]
-
-_NEED_WORKERS = ("prefetch_factor", "persistent_workers")
 
 
 Verdict = Literal["kept", "reverted", "undecided", "unfinished", "guarded"]
@@ -250,20 +244,21 @@ def next_change(
     if not diagnoses or diagnoses[0].kind.value == "healthy":
         return None
     for rec in diagnoses[0].recommendations:
-        if not rec.auto_apply or rec.knob not in (*LOADER_KNOBS, THREADS):
+        knob = setting_class(rec.knob)
+        if not rec.auto_apply or knob is None:
             continue
-        if rec.knob in LOADER_KNOBS and "num_workers" not in settings:
+        if knob.holder == "loader" and WORKERS not in settings:
             continue  # a train loader that cannot be switched: its settings are not in force
-        if rec.knob == "pin_memory" and device_type != "cuda":
+        if knob.devices is not None and device_type not in knob.devices:
             continue
-        if rec.knob in _NEED_WORKERS and not settings["num_workers"]:
+        if knob.needs_workers and not settings[WORKERS]:
             continue
         if settings.get(rec.knob) == rec.proposed or (rec.knob, repr(rec.proposed)) in tried:
             continue
-        grows = rec.knob == "num_workers" and int(rec.proposed) > settings["num_workers"]
+        grows = knob.counts_workers and int(rec.proposed) > settings[WORKERS]
         if grows and max_workers is not None:  # the user's cap limits growth, not fewer workers
             value = min(int(rec.proposed), max_workers)
-            if value <= settings["num_workers"] or (rec.knob, repr(value)) in tried:
+            if value <= settings[WORKERS] or (rec.knob, repr(value)) in tried:
                 continue
             return rec.knob, value, rec.reason
         return rec.knob, rec.proposed, rec.reason
@@ -285,9 +280,9 @@ def remaining(
 
     def keep(d: Diagnosis) -> tuple[Any, ...]:
         recs = [r for r in d.recommendations if (r.knob, repr(r.proposed)) not in tried]
-        no_workers = settings is not None and not settings.get("num_workers", 1)
-        if no_workers and not any(r.knob == "num_workers" for r in recs):
-            recs = [r for r in recs if r.knob not in _NEED_WORKERS]
+        no_workers = settings is not None and not settings.get(WORKERS, 1)
+        if no_workers and not any(r.knob == WORKERS for r in recs):
+            recs = [r for r in recs if not _needs_workers(r.knob)]
         return tuple(recs)
 
     return tuple(replace(d, recommendations=keep(d)) for d in diagnoses)
@@ -316,8 +311,15 @@ def labelled_untried(
     return tuple(label(d) for d in diagnoses)
 
 
-def _untried(knob: str, why: str, loader_why: str | None) -> str:
-    return loader_why if loader_why is not None and knob in LOADER_KNOBS else why
+def _needs_workers(name: str) -> bool:
+    knob = setting_class(name)
+    return knob is not None and knob.needs_workers
+
+
+def _untried(name: str, why: str, loader_why: str | None) -> str:
+    knob = setting_class(name)
+    held_by_loader = knob is not None and knob.holder == "loader"
+    return loader_why if loader_why is not None and held_by_loader else why
 
 
 def fmt_settings(settings: Any) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lightning_maxtp.knobs.registry import WORKERS
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.window import Window
 from lightning_maxtp.tuning.admission import Admission
@@ -83,7 +84,7 @@ def _wants_workers(found: tuple[Diagnosis, ...]) -> bool:
     a prediction is confirmed on real steps instead, without stopping training.
     """
     return any(
-        r.knob == "num_workers" and r.auto_apply and r.expected_gain is None
+        r.knob == WORKERS and r.auto_apply and r.expected_gain is None
         for r in found[0].recommendations
     )
 
@@ -388,7 +389,7 @@ class TuningLoop:
         """The loader workers of the trial's reference and of its new settings."""
         assert self._trial is not None
         old = self._trial.windows[0][0].context.num_workers or 0
-        return old, int(self._trial.new.get("num_workers", old) or 0)
+        return old, int(self._trial.new.get(WORKERS, old) or 0)
 
     def cut_short(self) -> None:
         """The first trial window closes now, already losing: the trial is reverted."""

@@ -162,7 +162,10 @@ def test_the_docs_knob_table_is_rendered_from_each_knobs_attributes() -> None:
 def test_the_readme_knob_table_has_a_row_per_knob_after_the_loaders() -> None:
     hooks = _hooks()
     rows = _rows(hooks.readme_knobs_table())
-    assert list(rows) == [what for what, _ in hooks.ALWAYS_ROWS] + list(registry.MATH_KNOBS)
+    holders = [what.strip("`") for what, _ in hooks.setting_rows()]
+    assert list(rows) == holders + list(registry.MATH_KNOBS)
+    shown = {name.strip("` ") for what, _ in hooks.setting_rows() for name in what.split(",")}
+    assert shown == {k.name for k in registry.SETTINGS}, "a row per holder names each setting"
     readme = (ROOT / "README.md").read_text()
     assert hooks.readme_knobs_table() in readme, "stale: run `python docs/hooks.py`"
 
@@ -201,3 +204,20 @@ def test_the_diagnosis_recommends_knobs_by_their_registry_names() -> None:
     assert {"precision", "compile", "num_workers"} <= names  # the scan finds them
     unknown = names - set(registry.MATH_KNOBS) - set(LOADER_KNOBS) - {THREADS} - ADVICE
     assert not unknown, f"recommended under a name no knob has: {unknown}"
+
+
+def test_the_docs_setting_table_is_rendered_from_each_settings_attributes() -> None:
+    hooks = _hooks()
+    page = (ROOT / "docs" / "knobs.md").read_text()
+    assert hooks.SETTINGS_MARK in page and "| `num_workers` |" not in page, "a copy in the page"
+    rows = _rows(hooks.settings_table())
+    assert list(rows) == [k.name for k in registry.SETTINGS]
+    for knob in registry.SETTINGS:
+        held, changes, also, why = rows[knob.name]
+        assert held == {"loader": "train loader", "process": "main process"}[knob.holder]
+        assert changes == knob.changes.replace("``", "`")
+        assert ("with workers only" in also) == knob.needs_workers, knob.name
+        assert ("max_workers" in also) == knob.counts_workers, knob.name
+        assert (" only" in also.replace("with workers only", "")) == (knob.devices is not None)
+        assert why == knob.reason
+    assert hooks.SETTINGS_MARK not in hooks.on_page_markdown(page)
