@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp._compat.torch_modules import is_compiled
 from lightning_maxtp._log import prefixed
-from lightning_maxtp.knobs.registry import LOADER_SETTINGS
-from lightning_maxtp.knobs.threads import THREADS, MainThreads
+from lightning_maxtp.knobs.base import FitView
+from lightning_maxtp.knobs.registry import KNOBS, LOADER_SETTINGS, SETTINGS
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
@@ -50,13 +50,13 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
     from torch.utils.data import IterableDataset
 
     device = trainer.strategy.root_device
-    ctx: dict[str, Any] = {
-        "device_type": device.type,
-        "precision": str(trainer.precision),
-        "world_size": trainer.world_size,
-        THREADS: MainThreads.current(),
-        "compiled": is_compiled(trainer.lightning_module),
-    }
+    ctx: dict[str, Any] = {"device_type": device.type, "world_size": trainer.world_size}
+    # Each knob's value as the knob reads it (precision, compiled, threads...); the loader's
+    # settings are read from the user's loader below, not through a switchable one.
+    fit = FitView(trainer)
+    for knob in (*KNOBS, *(k for k in SETTINGS if k.holder == "process")):
+        if knob.context_field is not None:
+            ctx[knob.context_field] = knob().current(fit)
     loader = _first_loader(trainer.train_dataloader)
     batches = trainer.num_training_batches
     if isinstance(batches, int):  # inf for an unsized loader
@@ -74,7 +74,6 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
             "gpu_name": props.name,
             "compute_capability": f"{props.major}.{props.minor}",
             "gpu_memory_total_bytes": int(props.total_memory),
-            "tf32": torch.get_float32_matmul_precision() != "highest",
             "tf32_conv": bool(torch.backends.cudnn.allow_tf32),
         }
     try:
@@ -132,8 +131,15 @@ def _sample_costs(trainer: pl.Trainer) -> dict[str, Any]:
     return {"per_sample_s": costs.per_sample_s, "decode_s": costs.decode_s, "files": costs.files}
 
 
-def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) -> Callable[[], None]:
+def watch_first_batch(
+    trainer: pl.Trainer,
+    seen: Callable[[DataFacts], None],
+    arrived: Callable[[float], None] | None = None,
+) -> Callable[[], None]:
     """Call ``seen`` once with what the first train batch shipped and what a sample costs.
+
+    ``arrived``, when given, is called first with the time the batch reached the hook
+    (``time.perf_counter``): the fetch's end, before the timing below and any device copy.
 
     The batch is read in ``on_before_batch_transfer``, before any device-side step (decode,
     normalize) changes it, so bytes per sample and pixel dtype describe what crossed from the
@@ -151,6 +157,8 @@ def watch_first_batch(trainer: pl.Trainer, seen: Callable[[DataFacts], None]) ->
     def observe(batch: Any) -> Any:
         remove_batch_step(owner, hook, _OBSERVE)
         if trainer.training:
+            if arrived is not None:
+                arrived(time.perf_counter())
             samples, nbytes, dtype = batch_facts(batch)
             facts = DataFacts(sample_bytes=nbytes // max(samples, 1), pixel_dtype=dtype)
             seen(dataclasses.replace(facts, **_sample_costs(trainer)))
