@@ -177,7 +177,7 @@ def format_table(rows: list[Row], profile: Profile, seconds: float) -> str:
     width = max([len("case / check"), *(len(f"{r.case} / {r.check}") for r in rows)])
     target_width = max([len("target"), *(len(r.target) for r in rows)])
     rounds = f"{profile.rounds} round(s)"
-    if "never_slower" in profile.cases and profile.name != "smoke":
+    if any(r.case == "never_slower" for r in rows) and profile.name != "smoke":
         rounds += f", never_slower {max(profile.rounds, NEVER_SLOWER_ROUNDS)}"
     lines = [
         f"scoreboard ({profile.name}, {rounds}, {seconds:.0f} s)",

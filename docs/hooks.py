@@ -210,8 +210,12 @@ def setting_rows() -> list[tuple[str, str]]:
 
     rows = []
     for holder, text in HOLDERS.items():
-        names = ", ".join(f"`{k.name}`" for k in SETTINGS if k.holder == holder)
-        rows.append((names, text))
+        knobs = [k for k in SETTINGS if k.holder == holder]
+        devices = {k.devices for k in knobs}
+        only = devices.pop() if len(devices) == 1 else None
+        if only is not None:  # every setting it holds acts on these devices only
+            text += f"; {', '.join(sorted(d.upper() for d in only))} only"
+        rows.append((", ".join(f"`{k.name}`" for k in knobs), text))
     return rows
 
 

@@ -87,8 +87,8 @@ class Knobs:
             knob = self._settings.get(name)
             if knob is None:
                 knob_class(name)  # a name no knob has: refused, naming the knobs
-                if self.math is not None:
-                    self.math.set(name, value)
+                assert self.math is not None, f"{name}: no math knob is allowed in this fit"
+                self.math.set(name, value)
             elif knob.held(fit):
                 knob.apply(fit, value)
 

@@ -145,8 +145,13 @@ class StepClock(Callback):
         self._first_fetch: tuple[tuple[Any, ...], float] | None = None
         """The loader settings at the fit's first fetch, and how long it waited (its workers
         starting and its first batch), for ``_carry_epochs`` before any boundary is seen."""
+        self._arrived: float | None = None
+        """When the fit's first batch reached ``on_before_batch_transfer`` (the fetch's end)."""
         self.epoch_steps = 0
         """Training steps ended since the epoch started."""
+
+    def _first_arrived(self, at: float) -> None:
+        self._arrived = at
 
     def restart_window(self) -> None:
         """Drop the steps measured so far in the open window: the next window starts here."""
@@ -166,8 +171,10 @@ class StepClock(Callback):
         self.gc.install()
         self._since = None
         # What the first batch shipped and what a sample costs, for every later window.
+        # A fit of its own: its first fetch starts its workers again (a callback used twice).
+        self._last_end, self._first_fetch, self._arrived = None, None, None
         self._unwatch = watch_first_batch(
-            trainer, lambda facts: self.update_context(data_facts=facts)
+            trainer, lambda facts: self.update_context(data_facts=facts), self._first_arrived
         )
         missing = self.missing_sources = []
         sources: list[_sampler.Source | None] = [
@@ -221,7 +228,9 @@ class StepClock(Callback):
         if self._since is not None:
             since, since_cpu = self._since
             if self._last_end is None and self.context is not None:
-                self._first_fetch = (_loader_key(self.context), now - since)
+                # To the fetch's end: not the first batch's sampling and device copy after it.
+                fetched = now if self._arrived is None else min(now, self._arrived)
+                self._first_fetch = (_loader_key(self.context), fetched - since)
             if self._last_end is None or since > self._last_end:
                 self._gap = 0.0 if self._last_end is None else since - self._last_end
                 self._from, self._wait, self._wait_cpu = since, now - since, cpu - since_cpu
@@ -338,13 +347,26 @@ class StepClock(Callback):
             if parts is not None:
                 self._epochs[key] = parts
             return window
-        carried = self._epochs.get(key) or self._first_epoch(window, key)
-        return window if carried is None else dataclasses.replace(window, carried_epoch_s=carried)
+        carried = self._epochs.get(key)
+        if carried is not None:
+            return dataclasses.replace(window, carried_epoch_s=carried)
+        predicted = self._first_epoch(window, key)
+        if predicted is None:
+            return window
+        return dataclasses.replace(window, carried_epoch_s=predicted, epoch_predicted=True)
 
     def _first_epoch(self, window: Window, key: tuple[Any, ...]) -> tuple[float, float] | None:
-        """``Window.epoch_parts_s`` predicted from the fit's first fetch (``_carry_epochs``)."""
+        """``Window.epoch_parts_s`` predicted from the fit's first fetch (``_carry_epochs``).
+
+        Only where every window is as long as an epoch (short epochs): the windows the
+        prediction is judged against then hold their epoch's boundary, measured. With longer
+        epochs most windows hold none, and a prediction for the first settings alone would
+        charge them what the windows of other settings are not charged.
+        """
         ctx = window.context
         if self._first_fetch is None or not ctx.num_workers or ctx.persistent_workers:
+            return None
+        if not ctx.epoch_batches or self.window_steps < ctx.epoch_batches:
             return None
         settings, waited = self._first_fetch
         if settings != key or not window.data_wait_s:

@@ -107,7 +107,7 @@ log = logging.getLogger(__name__)
 
 _FOLLOWED = (WORKERS, PERSISTENT)
 MIN_EPOCH_WINDOW = 8
-"""The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_epochs``)."""
+"""The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_started``)."""
 """A validation loader follows the train loader when these were the same in both."""
 
 
@@ -537,7 +537,9 @@ class Tuner:
         persist (the scoreboard's ``short_epochs``): each such start cost about 2 s, and a
         first trial begun in the second epoch left that fit 1.03-1.19x slower than no workers
         by hand. The baseline's epoch start is predicted instead from the fit's first fetch
-        (``StepClock._carry_epochs``). Every rank counts the same steps: no broadcast.
+        (``StepClock._carry_epochs``). Every rank counts the same steps: no broadcast. A fit
+        resumed mid-epoch never ends its first epoch here with the baseline's steps in it: its
+        baseline is one epoch long, holding a boundary, as before.
         """
         monitor = self.monitor
         if not self._epoch_baseline or self.loop.phase != "baseline":

@@ -27,6 +27,7 @@ __all__ = [
     "JobContext",
     "SamplerSeries",
     "Window",
+    "aligned_epochs",
     "combined_rate",
     "robust_rate",
 ]
@@ -282,7 +283,11 @@ class Window:
     starting the loader's workers, a cost every epoch pays (never capped as a stall)."""
     carried_epoch_s: tuple[float, float] | None = None
     """For a window that held no epoch boundary: ``epoch_parts_s`` of the last one measured
-    under the same loader settings (``None``: none yet)."""
+    under the same loader settings (``None``: none yet), or predicted (``epoch_predicted``)."""
+    epoch_predicted: bool = False
+    """``carried_epoch_s`` is predicted from the fit's first fetch, not measured: its gap part
+    holds the validation loaders' worker starts only, not validation itself
+    (``aligned_epochs`` completes it from a window that measured one)."""
 
     def __post_init__(self) -> None:
         n = len(self.step_time_s)
@@ -504,6 +509,7 @@ class Window:
             "gap_s": list(self.gap_s),
             "epoch_start": list(self.epoch_start),
             "carried_epoch_s": None if self.carried_epoch_s is None else list(self.carried_epoch_s),
+            "epoch_predicted": self.epoch_predicted,
             "data_wait_share": self.data_wait_share,
             "samples_per_s": self.samples_per_s,
             "fit_samples_per_s": self.fit_samples_per_s,
@@ -530,6 +536,29 @@ class Window:
         if self.gc is not None and self.gc.count:
             text += f", GC {self.gc.share:.0%} of step time"
         return text
+
+
+def aligned_epochs(ref: Window, other: Window) -> Window:
+    """``ref``, its predicted epoch boundary completed by the one ``other`` measured.
+
+    A predicted boundary (``Window.epoch_predicted``) holds the train and validation loaders'
+    worker starts, not what an epoch's end costs under any loader settings (validation itself,
+    the epoch's hooks, a checkpoint). A measured one holds both: its gap less its validation
+    loaders' worker starts (each taken as long as the train loader's) is that common part,
+    added to ``ref``'s gap. When ``other`` measured no boundary, ``ref`` is compared by its
+    steps alone, as ``other`` is. Any other ``ref`` is returned as it is.
+    """
+    if not ref.epoch_predicted or ref.carried_epoch_s is None:
+        return ref
+    parts = None if other.epoch_predicted else other.epoch_parts_s
+    if parts is None:
+        return dataclasses.replace(ref, carried_epoch_s=None, epoch_predicted=False)
+    start, gap = parts
+    common = max(0.0, gap - start * other.context.loaders_following)
+    own = ref.carried_epoch_s[0]
+    return dataclasses.replace(
+        ref, carried_epoch_s=(own, common + own * ref.context.loaders_following)
+    )
 
 
 def combined_rate(windows: list[Window] | tuple[Window, ...]) -> float | None:

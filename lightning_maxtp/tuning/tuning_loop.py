@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from lightning_maxtp.knobs.registry import WORKERS
 from lightning_maxtp.observe.diagnosis import Diagnosis
-from lightning_maxtp.observe.window import Window
+from lightning_maxtp.observe.window import Window, aligned_epochs
 from lightning_maxtp.tuning.admission import Admission
 from lightning_maxtp.tuning.config import TuningConfig
 from lightning_maxtp.tuning.cost import TuningCost
@@ -428,8 +428,11 @@ class TuningLoop:
         """
         assert self._trial is not None
         t = self._trial
+        # A reference's predicted epoch start, completed by the boundary the trial's first
+        # window measured (``advance`` keeps it so for the windows after).
+        first = aligned_epochs(t.windows[0][0], window) if len(t.windows) == 1 else t.windows[0][0]
         if len(t.windows) == 1:
-            ref = t.windows[0][0]
+            ref = first
             if t.cut_short:
                 return "reverted"
             if confirmed_at_once(
@@ -444,7 +447,8 @@ class TuningLoop:
                 trial_epoch_s=window.epoch_cost_s,
             ):
                 return "kept"
-        rates = [window_rate(w) for w, _ in self._trial.windows] + [window_rate(window)]
+        rates = [window_rate(first)]
+        rates += [window_rate(w) for w, _ in self._trial.windows[1:]] + [window_rate(window)]
         outcome = judge(rates, self.config.min_gain)[0]
         if outcome == "reverted" and len(rates) == 2 and (t.expected_gain or 0) >= CONFIRM_GAIN:
             # One window against a measured prediction of a large gain: the pair is measured
@@ -477,7 +481,10 @@ class TuningLoop:
             loader must switch to ``pending``'s ``decision`` settings (``"old"`` or ``"new"``).
         """
         assert self._trial is not None
-        self._trial.windows.append((window, found))
+        windows = self._trial.windows
+        if len(windows) == 1:  # as ``judge`` read it
+            windows[0] = (aligned_epochs(windows[0][0], window), windows[0][1])
+        windows.append((window, found))
         if guard is not None:
             self._trial.guard = guard
         if isinstance(decision, Remeasure):
