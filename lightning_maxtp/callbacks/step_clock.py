@@ -358,20 +358,24 @@ class StepClock(Callback):
     def _first_epoch(self, window: Window, key: tuple[Any, ...]) -> tuple[float, float] | None:
         """``Window.epoch_parts_s`` predicted from the fit's first fetch (``_carry_epochs``).
 
-        Only where every window is as long as an epoch (short epochs): the windows the
-        prediction is judged against then hold their epoch's boundary, measured. With longer
-        epochs most windows hold none, and a prediction for the first settings alone would
-        charge them what the windows of other settings are not charged.
+        Workers that do not persist start again at each epoch as they did at the first fetch,
+        and each validation loader that follows starts as many; a loader without workers, or
+        with workers that persist, starts none (0 s), the epoch's end aside. The first window
+        that measures a boundary completes the prediction with what an epoch's end costs under
+        any settings (``observe.window.aligned_epochs``). Only where every window is as long
+        as an epoch (short epochs): the windows the prediction is judged against then hold
+        their epoch's boundary. With longer epochs most windows hold none, and a prediction
+        for the first settings alone would charge them what the windows of other settings are
+        not charged.
         """
         ctx = window.context
-        if self._first_fetch is None or not ctx.num_workers or ctx.persistent_workers:
-            return None
         if not ctx.epoch_batches or self.window_steps < ctx.epoch_batches:
             return None
-        settings, waited = self._first_fetch
-        if settings != key or not window.data_wait_s:
+        if self._first_fetch is None or self._first_fetch[0] != key or not window.data_wait_s:
             return None
-        start = max(0.0, waited - statistics.median(window.data_wait_s))
+        start = 0.0
+        if ctx.num_workers and not ctx.persistent_workers:
+            start = max(0.0, self._first_fetch[1] - statistics.median(window.data_wait_s))
         return start, start * ctx.loaders_following
 
     @property

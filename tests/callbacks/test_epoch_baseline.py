@@ -67,16 +67,21 @@ def test_a_window_before_any_epoch_start_carries_the_first_fetchs_worker_start()
     assert clock._first_fetch is not None and clock._first_fetch[1] < START_S / 2
 
 
-@pytest.mark.parametrize(("persistent", "window"), [(True, 12), (False, 6)])
-def test_no_epoch_start_is_predicted_for_workers_that_persist_or_epochs_longer_than_windows(
-    persistent: bool, window: int
+@pytest.mark.parametrize("persistent", [True, False])
+def test_no_worker_start_is_predicted_for_workers_that_persist_nor_with_longer_epochs(
+    persistent: bool,
 ) -> None:
-    # Persistent workers start once; with epochs longer than the windows, the windows of other
-    # settings hold no epoch start either, and none is charged one.
-    clock = StepClock(window_steps=window, sampler_interval_s=None, mfu=False)
+    # Persistent workers start once: the epoch's end alone is left to the first boundary
+    # measured. With epochs longer than the windows, the windows of other settings hold no
+    # epoch start either, and none is charged one.
+    clock = StepClock(window_steps=12, sampler_interval_s=None, mfu=False)
     _fit(clock, batches=12, persistent=persistent, epochs=1)
     first = clock.windows[0]
-    assert first.carried_epoch_s is None and not first.epoch_predicted
+    if persistent:
+        assert first.epoch_predicted and first.carried_epoch_s == (0.0, 0.0)
+    longer = StepClock(window_steps=6, sampler_interval_s=None, mfu=False)
+    _fit(longer, batches=12, persistent=persistent, epochs=1)
+    assert longer.windows[0].carried_epoch_s is None and not longer.windows[0].epoch_predicted
 
 
 def _steps(start: float = 0.0, gap: float = 0.0, *, following: int = 0, n: int = 12) -> Window:
