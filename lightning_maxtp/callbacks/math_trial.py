@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_maxtp.callbacks.guard import GuardCheck, NumericsGuard, loss_band
-from lightning_maxtp.knobs.base import NotOffered
+from lightning_maxtp.knobs.base import FitView, NotOffered
 from lightning_maxtp.knobs.registry import (
     DEVICE_LIMITED,
     GUARDED,
@@ -22,7 +22,7 @@ from lightning_maxtp.knobs.registry import (
     MATH_ORDER,
     knob_class,
 )
-from lightning_maxtp.tuning.allow import math_knobs_for
+from lightning_maxtp.tuning.allow import math_knobs_for, resolve_allow
 from lightning_maxtp.tuning.decisions import Try
 
 if TYPE_CHECKING:
@@ -210,36 +210,36 @@ class MathTrials:
                 f"({'done' if restored else 'no snapshot'})"
             )
 
-    def grow_batch(self, trainer: pl.Trainer) -> Any:
-        """Before training: ``find_batch_size``'s fastest batch, applied, when ``allow`` has it.
+    def choose_before_fit(self, trainer: pl.Trainer) -> Any:
+        """Before training: each allowed knob chosen before the fit, measured and applied.
 
-        ``global_batch="grow"`` (the learning rate scaled and warmed up): a batch of 32 kept as
-        the global batch could never get faster.
+        A knob ``allow`` names (or its flag, ``allow_batch_size_change``) that this fit cannot
+        take is an error; one that ``allow="all"`` brought in is noted and left.
 
         Returns:
-            The applied ``BatchSizePlan``, or ``None`` (not allowed, or noted as not possible).
+            What the last knob chose (the applied ``BatchSizePlan``), or ``None``.
 
         Raises:
-            ValueError: The batch size was asked for by name and the loader cannot be resized.
+            ValueError: A knob asked for by name cannot be chosen on this fit.
         """
-        if "batch_size" not in self.math.allowed:
-            return None
-        from lightning_maxtp.batch_size.find import find_batch_size
-        from lightning_maxtp.batch_size.trainer_internals import resize_reason
-
-        why = resize_reason(trainer, "batch_size")
-        by_flag = self.config.allow_batch_size_change
-        if why is not None and self.config.allow == "all" and not by_flag:
-            self.journal.note(f"batch_size not tried: {why}")
-            return None
-        if why is not None:
-            asked = "`allow_batch_size_change=True`" if by_flag else "`allow` names 'batch_size'"
-            raise ValueError(f"{asked}, but {why}")
-        plan = find_batch_size(
-            trainer.lightning_module, trainer=trainer, global_batch="grow", verbose=False
-        )  # the callback prints the plan at its own verbosity
-        plan.apply(trainer)
-        return plan
+        chosen = None
+        fit = FitView(trainer)
+        flagged = resolve_allow((), batch_size=self.config.allow_batch_size_change)
+        for name in self.math.allowed:
+            if not knob_class(name).before_fit:
+                continue
+            knob = self.math.knob(name)
+            offer = knob.offer(fit)  # the math knobs are bound to the Trainer at its start
+            by_flag = name in flagged
+            if isinstance(offer, NotOffered) and self.config.allow == "all" and not by_flag:
+                self.journal.note(f"{name} not tried: {offer}")
+                continue
+            if isinstance(offer, NotOffered):
+                asked = "`allow_batch_size_change=True`" if by_flag else f"`allow` names {name!r}"
+                raise ValueError(f"{asked}, but {offer}")
+            chosen = knob.choose(fit)
+            knob.apply(fit, chosen)
+        return chosen
 
     def _watched(self) -> list[str]:
         """The knobs in force that stay watched by the guard once kept."""

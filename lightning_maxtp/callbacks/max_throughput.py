@@ -295,7 +295,7 @@ class MaxThroughputCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.batch_plan = self._tuner.math_trials.grow_batch(trainer)
+        self.batch_plan = self._tuner.math_trials.choose_before_fit(trainer)
         if self.batch_plan is not None and self.verbosity != "quiet":
             text = str(self.batch_plan)
             rank_zero_info(text if self.verbosity == "steps" else fit(text.splitlines()[0]))

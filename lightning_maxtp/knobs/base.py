@@ -164,6 +164,10 @@ class Knob(Protocol):
         """Switch to ``value``: the next step runs with it."""
         ...
 
+    def choose(self, fit: FitView) -> Any:
+        """A knob chosen before the fit (``before_fit``): measure, and return what to apply."""
+        ...
+
     def restore(self, fit: FitView) -> None:
         """The fit ended: put back what is process-wide or the Trainer's (idempotent)."""
         ...
@@ -220,6 +224,10 @@ class BaseKnob:
     def apply(self, fit: FitView, value: Any) -> None:
         """Switch to ``value``."""
         raise NotImplementedError
+
+    def choose(self, fit: FitView) -> Any:
+        """Only a knob chosen before the fit measures its value this way."""
+        raise NotImplementedError(f"{self.name} is tried mid-fit, not chosen before it")
 
     def restore(self, fit: FitView) -> None:
         """Nothing process-wide to put back."""

@@ -1,8 +1,9 @@
 """``batch_size``: the fastest batch, chosen before training (``find_batch_size``), never mid-fit.
 
-``allow`` names it like the other knobs (or ``allow_batch_size_change=True``); the callback
-runs ``find_batch_size(global_batch="grow")`` before the first step, the learning rate scaled
-and warmed up, and applies the plan. It is not tried per bottleneck, so it has no offer.
+``allow`` names it like the other knobs (or ``allow_batch_size_change=True``). Before the first
+step the callback asks its offer (a loader it can resize), then ``choose`` runs
+``find_batch_size(global_batch="grow")`` (the learning rate scaled and warmed up) and ``apply``
+applies the plan. It is not tried per bottleneck.
 """
 
 from __future__ import annotations
@@ -35,12 +36,41 @@ class BatchSize(BaseKnob):
         return size if isinstance(size, int) else None
 
     @override
+    def why_not(self, fit: FitView) -> str | None:
+        from lightning_maxtp.batch_size.trainer_internals import resize_reason
+
+        return resize_reason(fit.trainer, self.name)
+
+    @override
     def offer(self, fit: FitView) -> Offer | NotOffered:
-        return NotOffered("chosen before training (find_batch_size)", quiet=True)
+        """The search to run (``choose``), or why the loader cannot be resized."""
+        why = self.why_not(fit)
+        if why is not None:
+            return NotOffered(why)
+        return Offer(self.current(fit), "the fastest batch", self.reason)
+
+    @override
+    def choose(self, fit: FitView) -> Any:
+        """``find_batch_size``'s plan for this fit.
+
+        ``global_batch="grow"``: a batch of 32 kept as the global batch could never get faster.
+        """
+        from lightning_maxtp.batch_size.find import find_batch_size
+
+        return find_batch_size(
+            fit.module, trainer=fit.trainer, global_batch="grow", verbose=False
+        )  # the callback prints the plan at its own verbosity
 
     @override
     def apply(self, fit: FitView, value: Any) -> None:
-        raise ValueError(
-            f"the batch size is chosen before training, not switched mid-fit (asked for "
-            f"{value!r}); use find_batch_size(...).apply(trainer) before trainer.fit"
-        )
+        """Apply a plan ``choose`` returned, before training.
+
+        Raises:
+            ValueError: For a bare size: the batch is not switched mid-fit.
+        """
+        if not hasattr(value, "apply"):
+            raise ValueError(
+                f"the batch size is chosen before training, not switched mid-fit (asked for "
+                f"{value!r}); use find_batch_size(...).apply(trainer) before trainer.fit"
+            )
+        value.apply(fit.trainer)
