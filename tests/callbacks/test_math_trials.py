@@ -61,6 +61,7 @@ class _OwnLoader(torch.utils.data.DataLoader[Any]):
     """A DataLoader subclass, as LitData's ``StreamingDataLoader`` is: not switched mid-fit."""
 
 
+@pytest.mark.serial  # the planted step must out-time the loading: the machine to itself
 def test_a_train_loader_that_cannot_be_switched_leaves_the_other_knobs_to_try() -> None:
     data = image_loader().dataset
     loader = _OwnLoader(data, batch_size=32, shuffle=True)
@@ -123,6 +124,7 @@ def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> Non
     assert "channels_last" not in callback.tuning.settings  # never slower than its start
 
 
+@pytest.mark.serial  # the planted step must out-time the loading: the machine to itself
 def test_a_kept_precision_stays_watched_and_is_undone_when_it_breaks() -> None:
     # fp32 sleeps, so bf16 pays for sure; from step 70 on autocast gives NaN losses.
     model = ConvModel(slow_fp32=True, nan_under_autocast=True, nan_from_step=70,
