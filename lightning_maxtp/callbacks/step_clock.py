@@ -144,7 +144,9 @@ class StepClock(Callback):
         """``Window.epoch_parts_s`` last measured per loader settings (``_carry_epochs``)."""
         self._first_fetch: tuple[tuple[Any, ...], float] | None = None
         """The loader settings at the fit's first fetch, and how long it waited (its workers
-        starting and its first batch), for ``_carry_epochs`` before any boundary is seen."""
+        starting and its first batch), for ``_carry_epochs`` before any boundary is seen.
+        Timed from ``on_train_epoch_start``: Lightning starts the first epoch's iterator a
+        little before the hooks, so the workers' start is read short, never long."""
         self._arrived: float | None = None
         """When the fit's first batch reached ``on_before_batch_transfer`` (the fetch's end)."""
         self.epoch_steps = 0

@@ -19,7 +19,10 @@ from lightning_maxtp.observe.window import JobContext, Window, aligned_epochs
 from tests.helpers.loader_data import SleepDataset
 from tests.helpers.models import MatmulModel
 
-START_S = 0.3
+START_S = 0.5
+# The epoch's start is timed from Lightning's ``on_train_epoch_start``, which may come a little
+# after the loader's workers were started (on a loaded machine, a tenth of a second measured):
+# the tests ask for half of ``START_S``.
 
 
 def _slow_start(worker_id: int) -> None:
@@ -55,16 +58,18 @@ def test_a_window_before_any_epoch_start_carries_the_first_fetchs_worker_start()
     assert not any(first.epoch_start) and any(second.epoch_start)
     assert first.epoch_predicted and first.carried_epoch_s is not None
     start, validation = first.carried_epoch_s
-    assert start >= START_S * 0.8, first.carried_epoch_s
+    assert start >= START_S / 2, first.carried_epoch_s
     assert validation == 0.0  # no validation loader follows a plain clock's settings
     assert first.fit_samples_per_s < first.samples_per_s
     assert not second.epoch_predicted
     # A second fit with the same clock reads its own first fetch (workers that start at once),
     # not the first fit's, and its first step is no epoch boundary. (What the first fit
     # measured of its epoch starts is carried: the same settings, the same loader, as a rule.)
+    assert clock._first_fetch is not None
+    slow_fetch = clock._first_fetch[1]
     _fit(clock, batches=12, persistent=False, epochs=1, slow=False)
     assert not any(clock.windows[-1].epoch_start)
-    assert clock._first_fetch is not None and clock._first_fetch[1] < START_S / 2
+    assert clock._first_fetch is not None and clock._first_fetch[1] < slow_fetch - START_S / 2
 
 
 @pytest.mark.parametrize("persistent", [True, False])
@@ -125,7 +130,7 @@ def test_a_baseline_over_short_epochs_ends_with_the_first_one() -> None:
     ref = callback._monitor.clock.windows[0]  # the baseline: the first window measured
     assert ref.first_step + ref.steps == 12, "the baseline ends at the first epoch's last step"
     assert ref.steps >= 8 and not any(ref.epoch_start)
-    assert ref.carried_epoch_s is not None and ref.carried_epoch_s[0] >= START_S * 0.8
+    assert ref.carried_epoch_s is not None and ref.carried_epoch_s[0] >= START_S / 2
 
 
 def test_epochs_too_short_for_a_baseline_before_their_end_keep_it_one_epoch_long() -> None:
