@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_maxtp.knobs.registry import KNOBS
-from lightning_maxtp.knobs.registry import SETTINGS as SETTING_KNOBS
+from lightning_maxtp.knobs.registry import SETTINGS as SETTING_KNOBS  # drift has its SETTINGS
 from lightning_maxtp.observe.window import JobContext
 
 if TYPE_CHECKING:

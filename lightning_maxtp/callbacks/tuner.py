@@ -106,9 +106,9 @@ __all__ = ["Tuner"]
 log = logging.getLogger(__name__)
 
 _FOLLOWED = (WORKERS, PERSISTENT)
+"""A validation loader follows the train loader when these were the same in both."""
 MIN_EPOCH_WINDOW = 8
 """The fewest steps a tuning window shortened to one epoch may have (``Tuner.fit_started``)."""
-"""A validation loader follows the train loader when these were the same in both."""
 
 
 class Tuner:

@@ -20,9 +20,7 @@ class NumWorkers(SettingKnob):
 
     name = "num_workers"
     reason = "the loader keeps up with the step, without taking the step's cores"
-    changes = "the train loader's ``num_workers``, switched at a batch boundary"
     counts_workers = True
-    context_field: ClassVar[str | None] = "num_workers"
 
 
 class PrefetchFactor(SettingKnob):
@@ -30,10 +28,8 @@ class PrefetchFactor(SettingKnob):
 
     name = "prefetch_factor"
     reason = "deeper queues absorb uneven batches"
-    changes = "the train loader's ``prefetch_factor``, switched at a batch boundary"
     needs_workers = True
     queue_depth = True
-    context_field: ClassVar[str | None] = "prefetch_factor"
 
 
 class PinMemory(SettingKnob):
@@ -41,9 +37,7 @@ class PinMemory(SettingKnob):
 
     name = "pin_memory"
     reason = "copies to the GPU from page-locked memory run asynchronously"
-    changes = "the train loader's ``pin_memory``, switched at a batch boundary"
     devices: ClassVar[frozenset[str] | None] = frozenset({"cuda"})
-    context_field: ClassVar[str | None] = "pin_memory"
 
 
 class PersistentWorkers(SettingKnob):
@@ -51,7 +45,5 @@ class PersistentWorkers(SettingKnob):
 
     name = "persistent_workers"
     reason = "workers stay up between epochs instead of starting again"
-    changes = "the train loader's ``persistent_workers``, switched at a batch boundary"
     needs_workers = True
     epoch_start_only = True
-    context_field: ClassVar[str | None] = "persistent_workers"

@@ -24,7 +24,8 @@ FROM_DIAGNOSIS = NotOffered("tried when the diagnosis recommends a value", quiet
 class SettingKnob(BaseKnob):
     """A knob that is one of the fit's own settings (see the module docstring).
 
-    Its ``context_field`` is its name: windows are diagnosed with its value.
+    Its ``context_field`` is its name, and a loader setting's ``changes`` says it is switched
+    at a batch boundary, unless the subclass says otherwise.
     """
 
     preset: ClassVar[Literal["safe", "all"]] = "safe"
@@ -40,6 +41,15 @@ class SettingKnob(BaseKnob):
     epoch_start_only: ClassVar[bool] = False
     """On, it changes only what an epoch's start costs: the same steps run, and it pays from
     the next epoch's start on (never in the fit's last epoch)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # What every setting shares, declared once: windows are diagnosed with its value under
+        # its own name, and a loader setting changes the same way as the others.
+        super().__init_subclass__(**kwargs)
+        if "context_field" not in cls.__dict__:
+            cls.context_field = cls.name
+        if cls.holder == "loader" and "changes" not in cls.__dict__:
+            cls.changes = f"the train loader's ``{cls.name}``, switched at a batch boundary"
 
     def held(self, fit: FitView) -> bool:
         """Whether this fit has the setting to change (a loader the loop can switch)."""

@@ -30,7 +30,6 @@ class IntraOpThreads(SettingKnob):
     holder: ClassVar[Literal["loader", "process"]] = "process"
     # On a GPU the step's threads only launch kernels: the diagnosis sizes them on CPUs only.
     devices: ClassVar[frozenset[str] | None] = frozenset({"cpu"})
-    context_field: ClassVar[str | None] = "intra_op_threads"
 
     @override
     def current(self, fit: FitView) -> int:
