@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_maxtp._log import prefixed
 from lightning_maxtp.knobs.base import FitView
 from lightning_maxtp.knobs.registry import KNOBS, LOADER_SETTINGS, SETTINGS
+from lightning_maxtp.loader.first import first_loader
 from lightning_maxtp.observe.data_path import DataFacts
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
@@ -19,24 +20,6 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 log = logging.getLogger(__name__)
-
-
-def _first_loader(loaders: Any) -> Any:
-    """The first torch DataLoader in whatever ``trainer.train_dataloader`` holds."""
-    from torch.utils.data import DataLoader
-
-    stack = [loaders]
-    while stack:
-        item = stack.pop(0)
-        if isinstance(item, DataLoader):
-            return item
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        elif hasattr(item, "flattened"):
-            stack.extend(item.flattened)
-    return None
 
 
 def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
@@ -51,19 +34,18 @@ def job_context(trainer: pl.Trainer, resources: Any = None) -> JobContext:
 
     device = trainer.strategy.root_device
     ctx: dict[str, Any] = {"device_type": device.type, "world_size": trainer.world_size}
-    # Each knob's value as the knob reads it (precision, compiled, threads...); the loader's
-    # settings are read from the user's loader below, not through a switchable one.
+    # Each knob's value as the knob reads it (precision, compiled, threads, the batch size...);
+    # the loader's settings are read from the user's loader below, not through a switchable one.
     fit = FitView(trainer)
     for knob in (*KNOBS, *(k for k in SETTINGS if k.holder == "process")):
         if knob.context_field is not None:
             ctx[knob.context_field] = knob().current(fit)
-    loader = _first_loader(trainer.train_dataloader)
+    loader = first_loader(trainer.train_dataloader)
     batches = trainer.num_training_batches
     if isinstance(batches, int):  # inf for an unsized loader
         ctx["epoch_batches"] = batches
     if loader is not None:
         ctx |= {
-            "batch_size": loader.batch_size,
             **{name: getattr(loader, name) for name in LOADER_SETTINGS},
             "dataset": type(loader.dataset).__name__,
             "iterable_dataset": isinstance(loader.dataset, IterableDataset),
@@ -111,7 +93,7 @@ def _sample_costs(trainer: pl.Trainer) -> dict[str, Any]:
     from lightning_maxtp.loader.order import preserved_rng
     from lightning_maxtp.loader.sample_cost import file_samples, measure_sample_costs
 
-    loader = _first_loader(trainer.train_dataloader)
+    loader = first_loader(trainer.train_dataloader)
     # Only a dataset that lists its image files (ImageFolder's `samples`): indexing any other
     # in this process could open handles (HDF5, LMDB) that later forked workers would share.
     if loader is None or file_samples(loader.dataset) is None:

@@ -60,7 +60,6 @@ SETTINGS: tuple[str, ...] = tuple(
     name
     for name in (
         *(k.context_field for k in SETTING_KNOBS if k.context_field is not None),
-        "batch_size",
         *(k.context_field for k in KNOBS if k.context_field is not None),
     )
     if name in _CONTEXT_FIELDS

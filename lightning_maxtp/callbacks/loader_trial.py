@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_maxtp.knobs.registry import DEVICE_LIMITED, GUARDED, WORKERS, knob_class
+from lightning_maxtp.knobs.registry import BEFORE_FIT, DEVICE_LIMITED, GUARDED, WORKERS, knob_class
 from lightning_maxtp.observe.thresholds import IO_WORKER_FACTOR
 from lightning_maxtp.resources.probe import worker_ceiling, workers_per_process
 from lightning_maxtp.tuning.decisions import Try
@@ -101,7 +101,7 @@ def _allowed_words(config: TuningConfig, resources: Resources) -> str:
     allowed = tried_knobs(config, resources)
     guard = ", behind a numerics guard" if GUARDED & set(allowed) else ""
     math = f"also {', '.join(allowed)}{guard}" if allowed else "loader knobs only"
-    batch = "batch size may grow" if "batch_size" in config.allowed() else "batch size unchanged"
+    batch = "batch size may grow" if BEFORE_FIT in config.allowed() else "batch size unchanged"
     return f"{math}; {batch}"
 
 

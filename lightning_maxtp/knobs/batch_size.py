@@ -8,7 +8,7 @@ applies the plan. It is not tried per bottleneck.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from typing_extensions import override
 
@@ -28,11 +28,14 @@ class BatchSize(BaseKnob):
         "in ``train_dataloader()``"
     )
     before_fit = True
+    context_field: ClassVar[str | None] = "batch_size"
 
     @override
     def current(self, fit: FitView) -> int | None:
-        loader = fit.trainer.train_dataloader
-        size = getattr(loader, "batch_size", None)
+        """The first train loader's batch size (``None``: behind a batch sampler, or none)."""
+        from lightning_maxtp.loader.first import first_loader
+
+        size = getattr(first_loader(fit.trainer.train_dataloader), "batch_size", None)
         return size if isinstance(size, int) else None
 
     @override

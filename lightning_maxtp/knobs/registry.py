@@ -32,6 +32,7 @@ from lightning_maxtp.knobs.threads import IntraOpThreads
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 
 __all__ = [
+    "BEFORE_FIT",
     "DEVICE_LIMITED",
     "GUARDED",
     "KNOBS",
@@ -82,6 +83,10 @@ assert LOADER_SETTINGS == LOADER_KNOBS, "the loader's knobs must be its settings
 """The setting that says how many batches each worker keeps ready."""
 (PERSISTENT,) = (k.name for k in SETTINGS if k.epoch_start_only)
 """The setting that keeps the workers alive between epochs."""
+
+(BEFORE_FIT,) = (k.name for k in KNOBS if k.before_fit)
+"""The knob chosen before training (the batch size): ``allow_batch_size_change=True`` allows
+it, and the loop never tries it per bottleneck."""
 
 # Spelled out, not derived from KNOBS: type checkers and LightningCLI read a Literal's names
 # statically. The assert below and tests/knobs/test_registry.py keep the two in agreement.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from lightning_maxtp.knobs.registry import (
+    BEFORE_FIT,
     GUARDED,
     MATH_KNOBS,
     MATH_ORDER,
@@ -36,7 +37,8 @@ def resolve_allow(
 
     Args:
         allow: ``"safe"``, ``"all"``, or a tuple (or list) of names from ``MATH_KNOBS``.
-        batch_size: ``allow_batch_size_change=True``: ``"batch_size"`` is added.
+        batch_size: ``allow_batch_size_change=True``: the knob chosen before the fit
+            (``BEFORE_FIT``, the batch size) is added.
         deterministic: The Trainer is deterministic: ``cudnn.benchmark`` and the guarded knobs
             stay off even when named (they are kept or not by timing, so two runs could
             differ; ``cudnn.benchmark`` also picks its kernels by timing).
@@ -65,7 +67,7 @@ def resolve_allow(
             f"{allow!r}"
         )
     if batch_size:
-        names.add("batch_size")
+        names.add(BEFORE_FIT)
     if deterministic:  # knobs kept or not by timing: two runs could differ
         names -= GUARDED | NOT_DETERMINISTIC
     return tuple(n for n in MATH_KNOBS if n in names)

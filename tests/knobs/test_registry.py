@@ -115,8 +115,8 @@ def test_allow_resolves_to_the_sets_the_registry_derives() -> None:
     )
     assert resolve_allow(registry.MATH_KNOBS[::-1]) == registry.MATH_KNOBS
     before_fit = [k.name for k in registry.KNOBS if k.before_fit]
-    assert before_fit == ["batch_size"], "allow_batch_size_change adds the one chosen before fit"
-    assert "batch_size" in resolve_allow("safe", batch_size=True)
+    assert before_fit == [registry.BEFORE_FIT], "the one knob chosen before fit"
+    assert registry.BEFORE_FIT in resolve_allow("safe", batch_size=True)
 
 
 def _hooks() -> Any:
