@@ -606,8 +606,8 @@ class Tuner:
                         f"{loop.trial_knob} again or try another change"
                     )
                     self.journal.say(f"{ending}: {verdict} on its first pair")
-            if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict):
-                verdict = "undecided"
+            if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict, window):
+                verdict = loop.without_more(window, steps_left=left, undo_s=self._undo_s())
             if trainer.world_size > 1 and not guarded:
                 verdict = trainer.strategy.broadcast(verdict, src=0)
             verdict = "guarded" if guarded else verdict
@@ -950,11 +950,12 @@ class Tuner:
             return 0.0
         return switch_s(pending[0], self.knobs.context(), self.switches.measured)
 
-    def _remeasure_paid(self, step: Remeasure) -> bool:
-        """Rank zero: whether the budget left pays for the workers re-measuring ``step`` starts.
+    def _remeasure_paid(self, step: Remeasure, window: Window) -> bool:
+        """Rank zero: whether the budget left pays for re-measuring ``step``.
 
-        Otherwise the trial ends undecided (the original kept), and a note says why
-        (``affordable.remeasure_refused``).
+        Its workers' start and the slower side's window at the rates measured so far
+        (``affordable.remeasure_refused``, ``TuningLoop.remeasure_loss_s``); otherwise a note
+        says why. ``window`` is the trial window that just closed.
         """
         knob, pending = self.loop.trial_knob, self.loop.pending
         assert knob is not None and pending is not None
@@ -965,6 +966,7 @@ class Tuner:
             self.knobs.context(),
             self._funds(),
             expected_gain=self.loop.trial_expected_gain,
+            loss_s=self.loop.remeasure_loss_s(window, step.settings),
         )
         if why is not None:
             self.journal.note(why)

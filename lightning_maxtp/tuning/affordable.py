@@ -7,7 +7,8 @@ measured so far) and asks, with plain data in and out:
 
 * ``worst_case_s``: what a trial costs before a window can revert it;
 * ``affordable`` (``admitted`` for a cost already known): the rule that lets it start, or
-  ``None``; ``unpaid`` says why not, ``remeasure_refused`` why a re-measurement cannot start;
+  ``None``; ``unpaid`` says why not, ``remeasure_refused`` why a re-measurement cannot start
+  (the first pair then decides);
 * ``sized``: a modelled worker change sized to the rest of the fit (a start must pay for
   itself in the samples left);
 * ``may_try_one_more``: whether a window monitored after tuning may start one more trial.
@@ -206,13 +207,17 @@ def remeasure_refused(
     funds: Funds,
     *,
     expected_gain: float | None,
+    loss_s: float = 0.0,
 ) -> str | None:
-    """Why the budget left cannot pay for the workers re-measuring ``target`` starts, or ``None``.
+    """Why the budget left cannot pay for re-measuring ``target``, or ``None``.
 
-    A trial that looked like a gain is measured again, the reference then the trial; each
-    switch that starts workers is paid for before it is made (admitted as a trial is, on the
-    trial's predicted gain). Otherwise the trial ends undecided (the original kept), and the
-    reason returned says why.
+    A trial that looked like a gain is measured again, the reference then the trial; a
+    re-measure that starts workers is paid for before it is made, as a trial is (admitted on the
+    trial's predicted gain): its workers' start, and what the window of the slower settings
+    costs at the rates the first pair measured (``loss_s``: a reference of 4 workers restarted
+    at every 12-step epoch, measured 17 % slower than none, cost its own start again and an
+    epoch at that rate). Otherwise the windows measured decide (``TuningLoop.without_more``:
+    which settings finish the fit sooner), and the reason returned says why.
 
     Args:
         knob: The trial's knob.
@@ -220,15 +225,18 @@ def remeasure_refused(
         settings: The settings in force.
         funds: The fit's numbers.
         expected_gain: The gain predicted for the trial (``None``: none).
+        loss_s: What the window re-measured costs beyond the other settings' measured rate.
     """
     if not starts_workers(target, settings):
         return None
-    need = switch_s(target, settings, funds.measured_starts)
+    need = switch_s(target, settings, funds.measured_starts) + max(0.0, loss_s)
     if admitted(need, funds, expected_gain=expected_gain) is not None:
         return None
+    window = f" and {loss_s:.2f} s of a slower window" if loss_s > 0 else ""
     return (
-        f"{knob}: re-measuring {fmt_settings(target)} would start workers (about {need:.2f} s) "
-        f"past the budget left ({max(0.0, funds.left_s):.2f} s): undecided, the original kept"
+        f"{knob}: re-measuring {fmt_settings(target)} would start workers{window} (about "
+        f"{need:.2f} s) past the budget left ({max(0.0, funds.left_s):.2f} s): decided on the "
+        "windows measured"
     )
 
 

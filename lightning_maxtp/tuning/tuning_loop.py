@@ -22,6 +22,7 @@ settings tried are one state that every step, window and decision reads and chan
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -460,13 +461,57 @@ class TuningLoop:
         else:
             step = outcome
         if step != "kept" and len(rates) == 2 and self.outlasts(window, steps_left):
-            gain = rates[1] / rates[0] - 1 if rates[0] > 0 else 0.0
-            ref = t.windows[0][0]
-            rest_s = steps_left * ref.total_s / max(ref.steps, 1)
-            return decided_at_the_end(
-                gain, t.expected_gain, self.config.min_gain, rest_s=rest_s, undo_s=undo_s
-            )
+            return self.without_more(window, steps_left=steps_left, undo_s=undo_s)
         return step
+
+    def without_more(
+        self, window: Window, *, steps_left: float, undo_s: float = 0.0
+    ) -> Literal["kept", "reverted", "undecided"]:
+        """Rank zero: a trial's verdict when no further window will be measured.
+
+        The fit ends before a re-measure could (``judge``, after the first pair), or the budget
+        cannot pay for one (``affordable.remeasure_refused``, after any pair): which settings
+        finish the fit sooner by the mean rates measured (``sequential.decided_at_the_end``).
+        Keeping the original by default would run the rest of the fit at the settings every
+        window measured slower.
+
+        Args:
+            window: The trial window that just closed (not yet recorded).
+            steps_left: Training steps left in the fit (``inf``: unknown, so never kept on a
+                finish it cannot predict).
+            undo_s: What undoing the trial would cost beyond its steps (worker starts).
+        """
+        assert self._trial is not None
+        t = self._trial
+        windows = [w for w, _ in t.windows] + [window]
+        windows[0] = aligned_epochs(windows[0], windows[1])
+        before = statistics.mean(window_rate(w) for w in windows[0::2])
+        after = statistics.mean(window_rate(w) for w in windows[1::2])
+        gain = after / before - 1 if before > 0 else 0.0
+        ref = windows[0]
+        rest_s = steps_left * ref.total_s / max(ref.steps, 1)
+        return decided_at_the_end(
+            gain, t.expected_gain, self.config.min_gain, rest_s=rest_s, undo_s=undo_s
+        )
+
+    def remeasure_loss_s(self, window: Window, settings: Literal["old", "new"]) -> float:
+        """Rank zero: what re-measuring ``settings`` costs at the rates measured so far.
+
+        A window as long as that side's last one, at that side's mean rate (its epochs' costs
+        included, as ``window_rate`` reads them), against the same samples at the other side's
+        mean rate: the slower side's window is time lost (0 for the faster side). ``window``
+        is the trial window that just closed (not yet recorded).
+        """
+        assert self._trial is not None
+        windows = [w for w, _ in self._trial.windows] + [window]
+        windows[0] = aligned_epochs(windows[0], windows[1])
+        sides = {"old": windows[0::2], "new": windows[1::2]}
+        other = "new" if settings == "old" else "old"
+        rate = statistics.mean(window_rate(w) for w in sides[settings])
+        faster = statistics.mean(window_rate(w) for w in sides[other])
+        if rate <= 0 or faster <= rate:
+            return 0.0
+        return sum(sides[settings][-1].samples) * (1 / rate - 1 / faster)
 
     def advance(
         self, decision: Step, window: Window, found: tuple[Diagnosis, ...], guard: Any = None

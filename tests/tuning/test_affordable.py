@@ -150,7 +150,15 @@ def test_re_measuring_is_paid_for_before_it_starts_workers() -> None:
     assert refused(workers, MAIN, Funds(left_s=0.2)) is None
     assert refused(workers, MAIN, Funds(left_s=0.1)) == (
         "num_workers: re-measuring num_workers=4 would start workers (about 0.13 s) past the "
-        "budget left (0.10 s): undecided, the original kept"
+        "budget left (0.10 s): decided on the windows measured"
+    )
+    # The reference's window at its slower measured rate counts too: 0.13 s of start and
+    # 0.2 s of a slower window are 0.33 s, past 0.2 s left.
+    assert remeasure_refused(
+        "num_workers", workers, MAIN, Funds(left_s=0.2), expected_gain=None, loss_s=0.2
+    ) == (
+        "num_workers: re-measuring num_workers=4 would start workers and 0.20 s of a slower "
+        "window (about 0.33 s) past the budget left (0.20 s): decided on the windows measured"
     )
     # The trial's strong prediction admits its re-measurement past the budget, as its start.
     strong = _strong(left_s=0.1, ref_wait_share=0.8)
