@@ -65,7 +65,8 @@ class Knobs:
         }
         if self.math is not None and self.math.trainer is not None:
             for math_knob in KNOBS:
-                if math_knob.context_field is not None:
+                # One chosen before the fit does not change mid-fit: the job context has it.
+                if math_knob.context_field is not None and not math_knob.before_fit:
                     context[math_knob.context_field] = self.math.current(math_knob.name)
         return context
 

@@ -607,7 +607,7 @@ class Tuner:
                     )
                     self.journal.say(f"{ending}: {verdict} on its first pair")
             if isinstance(verdict, Remeasure) and not self._remeasure_paid(verdict, window):
-                verdict = loop.without_more(window, steps_left=left, undo_s=self._undo_s())
+                verdict = loop.without_remeasure(window)
             if trainer.world_size > 1 and not guarded:
                 verdict = trainer.strategy.broadcast(verdict, src=0)
             verdict = "guarded" if guarded else verdict
@@ -955,7 +955,7 @@ class Tuner:
 
         Its workers' start and the slower side's window at the rates measured so far
         (``affordable.remeasure_refused``, ``TuningLoop.remeasure_loss_s``); otherwise a note
-        says why. ``window`` is the trial window that just closed.
+        says why. ``window`` is the window that just closed, the trial's or a reference's.
         """
         knob, pending = self.loop.trial_knob, self.loop.pending
         assert knob is not None and pending is not None

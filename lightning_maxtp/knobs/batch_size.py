@@ -32,10 +32,18 @@ class BatchSize(BaseKnob):
 
     @override
     def current(self, fit: FitView) -> int | None:
-        """The first train loader's batch size (``None``: behind a batch sampler, or none)."""
-        from lightning_maxtp.loader.first import first_loader
+        """The first train loader's batch size (``None``: behind a batch sampler, or none).
 
-        size = getattr(first_loader(fit.trainer.train_dataloader), "batch_size", None)
+        The user's loader's, where the loop wrapped it in a switchable one (which batches
+        through a batch sampler of its own).
+        """
+        from lightning_maxtp.loader.first import first_loader
+        from lightning_maxtp.loader.switchable import SwitchableLoader
+
+        loader = first_loader(fit.trainer.train_dataloader)
+        if isinstance(loader, SwitchableLoader):
+            loader = loader.source
+        size = getattr(loader, "batch_size", None)
         return size if isinstance(size, int) else None
 
     @override

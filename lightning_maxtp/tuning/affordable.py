@@ -214,10 +214,11 @@ def remeasure_refused(
     A trial that looked like a gain is measured again, the reference then the trial; a
     re-measure that starts workers is paid for before it is made, as a trial is (admitted on the
     trial's predicted gain): its workers' start, and what the window of the slower settings
-    costs at the rates the first pair measured (``loss_s``: a reference of 4 workers restarted
+    costs at the rates measured so far (``loss_s``: a reference of 4 workers restarted
     at every 12-step epoch, measured 17 % slower than none, cost its own start again and an
-    epoch at that rate). Otherwise the windows measured decide (``TuningLoop.without_more``:
-    which settings finish the fit sooner), and the reason returned says why.
+    epoch at that rate). Otherwise the windows measured decide (``TuningLoop.without_remeasure``:
+    kept only on a confirmed prediction or two pairs beyond doubt), and the reason returned
+    says why.
 
     Args:
         knob: The trial's knob.
@@ -232,7 +233,7 @@ def remeasure_refused(
     need = switch_s(target, settings, funds.measured_starts) + max(0.0, loss_s)
     if admitted(need, funds, expected_gain=expected_gain) is not None:
         return None
-    window = f" and {loss_s:.2f} s of a slower window" if loss_s > 0 else ""
+    window = f" and {loss_s:.2f} s of a slower window" if loss_s >= 0.005 else ""
     return (
         f"{knob}: re-measuring {fmt_settings(target)} would start workers{window} (about "
         f"{need:.2f} s) past the budget left ({max(0.0, funds.left_s):.2f} s): decided on the "

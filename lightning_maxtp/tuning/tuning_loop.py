@@ -44,7 +44,7 @@ from lightning_maxtp.tuning.decisions import (
     Stop,
     Try,
 )
-from lightning_maxtp.tuning.judge import TWO_PAIR_GAIN, judge, judged
+from lightning_maxtp.tuning.judge import THIRD_PAIR_GAIN, TWO_PAIR_GAIN, judge, judged
 from lightning_maxtp.tuning.sequential import (
     CONFIRM_GAIN,
     confirmed_at_once,
@@ -461,38 +461,45 @@ class TuningLoop:
         else:
             step = outcome
         if step != "kept" and len(rates) == 2 and self.outlasts(window, steps_left):
-            return self.without_more(window, steps_left=steps_left, undo_s=undo_s)
+            gain = rates[1] / rates[0] - 1 if rates[0] > 0 else 0.0
+            ref = t.windows[0][0]
+            rest_s = steps_left * ref.total_s / max(ref.steps, 1)
+            return decided_at_the_end(
+                gain, t.expected_gain, self.config.min_gain, rest_s=rest_s, undo_s=undo_s
+            )
         return step
 
-    def without_more(
-        self, window: Window, *, steps_left: float, undo_s: float = 0.0
-    ) -> Literal["kept", "reverted", "undecided"]:
-        """Rank zero: a trial's verdict when no further window will be measured.
+    def without_remeasure(self, window: Window) -> Literal["kept", "reverted", "undecided"]:
+        """Rank zero: the verdict when the budget cannot pay for the re-measure ``judge`` asked.
 
-        The fit ends before a re-measure could (``judge``, after the first pair), or the budget
-        cannot pay for one (``affordable.remeasure_refused``, after any pair): which settings
-        finish the fit sooner by the mean rates measured (``sequential.decided_at_the_end``).
-        Keeping the original by default would run the rest of the fit at the settings every
-        window measured slower.
+        Kept only on evidence that needs no further window: a first pair that reaches
+        ``min_gain`` and half the gain predicted for the trial (the prediction confirmed, as
+        ``sequential.decided_at_the_end``'s first rule; not its rest-of-fit rule, as one pair
+        against a long rest is not evidence on a shared machine); or two pairs that gained
+        ``THIRD_PAIR_GAIN`` times ``min_gain``, every trial window above every reference window
+        (what earns a third pair). Otherwise ``"undecided"`` (``"reverted"`` under
+        ``min_gain``): the original settings come back. When the window that closed is a
+        reference window, those are in force and stay: ``"undecided"``, nothing switches.
 
         Args:
-            window: The trial window that just closed (not yet recorded).
-            steps_left: Training steps left in the fit (``inf``: unknown, so never kept on a
-                finish it cannot predict).
-            undo_s: What undoing the trial would cost beyond its steps (worker starts).
+            window: The window that just closed (not yet recorded): the trial's, or a
+                reference window measured again.
         """
         assert self._trial is not None
-        t = self._trial
+        t, min_gain = self._trial, self.config.min_gain
         windows = [w for w, _ in t.windows] + [window]
+        if len(windows) % 2:  # a reference window closed: its settings are in force
+            return "undecided"
         windows[0] = aligned_epochs(windows[0], windows[1])
-        before = statistics.mean(window_rate(w) for w in windows[0::2])
-        after = statistics.mean(window_rate(w) for w in windows[1::2])
+        rates = [window_rate(w) for w in windows]
+        refs, trials = rates[0::2], rates[1::2]
+        before, after = statistics.mean(refs), statistics.mean(trials)
         gain = after / before - 1 if before > 0 else 0.0
-        ref = windows[0]
-        rest_s = steps_left * ref.total_s / max(ref.steps, 1)
-        return decided_at_the_end(
-            gain, t.expected_gain, self.config.min_gain, rest_s=rest_s, undo_s=undo_s
-        )
+        if len(windows) == 2:
+            return decided_at_the_end(gain, t.expected_gain, min_gain, rest_s=math.inf)
+        if gain >= THIRD_PAIR_GAIN * min_gain and min(trials) > max(refs):
+            return "kept"
+        return "reverted" if gain < min_gain else "undecided"
 
     def remeasure_loss_s(self, window: Window, settings: Literal["old", "new"]) -> float:
         """Rank zero: what re-measuring ``settings`` costs at the rates measured so far.
@@ -500,7 +507,7 @@ class TuningLoop:
         A window as long as that side's last one, at that side's mean rate (its epochs' costs
         included, as ``window_rate`` reads them), against the same samples at the other side's
         mean rate: the slower side's window is time lost (0 for the faster side). ``window``
-        is the trial window that just closed (not yet recorded).
+        is the window that just closed (not yet recorded), the trial's or a reference's.
         """
         assert self._trial is not None
         windows = [w for w, _ in self._trial.windows] + [window]

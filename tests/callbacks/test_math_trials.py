@@ -79,6 +79,7 @@ def test_a_train_loader_that_cannot_be_switched_leaves_the_other_knobs_to_try() 
     assert callback.loader is None
 
 
+@pytest.mark.serial  # the planted step must out-time the loading: the machine to itself
 def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored() -> None:
     model = ConvModel(nan_under_autocast=True, step_sleep_s=0.02)
     callback, history = _fit(model, 60, allow=("precision",))
@@ -109,6 +110,7 @@ def test_nan_under_autocast_is_reverted_and_the_state_before_the_trial_restored(
     assert "precision" not in callback.tuning.settings
 
 
+@pytest.mark.serial  # the planted step must out-time the loading: the machine to itself
 def test_a_slower_layout_is_reverted_and_the_module_and_inputs_put_back() -> None:
     model = ConvModel(slow_channels_last=True, step_sleep_s=0.02)
     callback, _ = _fit(model, 60, allow=("channels_last",))
@@ -260,6 +262,7 @@ def test_ddp_ranks_take_the_same_math_decisions(tmp_path: Path) -> None:
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and math.isfinite(ranks[0]["checksum"])
 
 
+@pytest.mark.serial  # the planted step must out-time the loading: the machine to itself
 def test_a_kept_math_knob_is_carried_into_the_next_fit_of_the_same_callback() -> None:
     model = ConvModel(slow_fp32=True, step_sleep_s=0.02)
     callback, _ = _fit(model, 60, allow=("precision",), max_trials=1)

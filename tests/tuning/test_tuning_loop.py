@@ -529,7 +529,7 @@ def test_the_warm_up_lasts_until_the_first_queue_of_workers_is_used_never_less()
     assert lp.phase == "baseline"
 
 
-def test_a_re_measure_costs_the_slower_sides_window_and_without_one_the_windows_decide() -> None:
+def test_a_re_measure_costs_the_slower_sides_window_and_without_one_only_sure_gains_stay() -> None:
     # R1 = 100 ms a step, T1 = 80 ms: the trial looks 25 % faster. Measuring the reference
     # again runs 10 steps of 32 samples at its rate, 1 s where the trial's rate takes 0.8 s.
     lp = loop()
@@ -539,16 +539,25 @@ def test_a_re_measure_costs_the_slower_sides_window_and_without_one_the_windows_
     assert lp.judge(window(80.0)) == Remeasure("old")
     assert lp.remeasure_loss_s(window(80.0), "old") == pytest.approx(1.0 - 0.8)
     assert lp.remeasure_loss_s(window(80.0), "new") == 0.0  # the faster side loses nothing
-    # Unpaid, the windows measured decide: the rest of the fit at the trial's rate ends sooner.
-    assert lp.without_more(window(80.0), steps_left=100, undo_s=0.5) == "kept"
-    # A trial slower than the reference is not kept on its first pair; an unknown rest keeps
-    # the original (it cannot say which settings finish sooner).
-    assert lp.without_more(window(120.0), steps_left=100) == "reverted"
-    assert lp.without_more(window(80.0), steps_left=float("inf")) == "undecided"
-    # After two pairs, their mean rates decide the same way: not the original by default,
-    # which every window measured slower.
+    # Unpaid, one pair without a prediction is no evidence: the original comes back.
+    assert lp.without_remeasure(window(80.0)) == "undecided"
+    assert lp.without_remeasure(window(120.0)) == "reverted"
+    # R2 closes and the trial's re-measure is unpaid: the reference's settings, in force, stay.
     assert measure(lp, 80.0, compute()) is None  # T1, then the reference again
+    assert lp.without_remeasure(window(98.0)) == "undecided"
     assert measure(lp, 98.0, data_bound()) is None  # R2, then the trial again
+    # Two pairs that earn a third (every trial window faster, 2x min_gain) are kept unpaid;
     # 10 more steps at the reference's mean rate (99 ms a step) against the trial's (81 ms).
     assert lp.remeasure_loss_s(window(82.0), "old") == pytest.approx(0.18, abs=0.005)
-    assert lp.without_more(window(82.0), steps_left=100, undo_s=0.5) == "kept"
+    assert lp.without_remeasure(window(82.0)) == "kept"
+    assert lp.without_remeasure(window(99.5)) == "undecided"  # T2 no faster than R1
+
+
+def test_an_unpaid_re_measure_keeps_a_first_pair_that_confirms_its_prediction() -> None:
+    lp = loop()
+    [lp.on_step(switched=False, now=0.0) for _ in range(2)]
+    lp.record_baseline(window(100.0), data_bound())
+    lp.start("num_workers", {"num_workers": 4}, {"num_workers": 0}, "why", step=12,
+             expected_gain=0.3)  # fmt: skip
+    assert lp.without_remeasure(window(80.0)) == "kept"  # +25 %: half of +30 % and more
+    assert lp.without_remeasure(window(90.0)) == "undecided"  # +11 %: under half
