@@ -5,6 +5,8 @@ One test per case, so that the parallel pass spreads them over its workers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from benchmarks import scoreboard
@@ -56,3 +58,16 @@ def test_a_row_meets_its_ratio_or_the_slack_of_a_short_fit() -> None:
     assert scoreboard.ratio_row("c", "x", [2.0], [1.0], most=1.1, smoke=True).met is None
     table = scoreboard.format_table([row, long], scoreboard.PROFILES["quick"], 12.0)
     assert "met 1 of 2 rows" in table and "missed: c / x" in table
+
+
+def test_noisy_cases_run_more_rounds_and_the_header_says_so() -> None:
+    full, quick, smoke = (scoreboard.PROFILES[n] for n in ("full", "quick", "smoke"))
+    assert full.rounds_of("jpeg_defaults") == full.rounds == 2
+    assert full.rounds_of("short_epochs") == full.rounds_of("never_slower") == 3
+    assert quick.rounds_of("short_epochs") == 1 and quick.rounds_of("never_slower") == 3
+    assert smoke.rounds_of("never_slower") == 1
+    # --rounds keeps the noisy cases' least rounds, and more rounds than that win.
+    assert dataclasses.replace(full, rounds=5).rounds_of("short_epochs") == 5
+    rows = [scoreboard.Row(c, "x", "t", 1.0, "1.00x", True) for c in ("demo", "short_epochs")]
+    header = scoreboard.format_table(rows, full, 1.0).splitlines()[0]
+    assert header == "scoreboard (full, 2 round(s), short_epochs 3, 1 s)"
