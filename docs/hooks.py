@@ -209,10 +209,11 @@ def setting_rows() -> list[tuple[str, str]]:
     from lightning_maxtp.knobs.registry import SETTINGS
 
     rows = []
-    for holder, text in HOLDERS.items():
+    for holder, held in HOLDERS.items():
         knobs = [k for k in SETTINGS if k.holder == holder]
         devices = {k.devices for k in knobs}
         only = devices.pop() if len(devices) == 1 else None
+        text = held
         if only is not None:  # every setting it holds acts on these devices only
             text += f"; {', '.join(sorted(d.upper() for d in only))} only"
         rows.append((", ".join(f"`{k.name}`" for k in knobs), text))
