@@ -8,7 +8,7 @@ measured so far) and asks, with plain data in and out:
 * ``worst_case_s``: what a trial costs before a window can revert it;
 * ``affordable`` (``admitted`` for a cost already known): the rule that lets it start, or
   ``None``; ``unpaid`` says why not, ``remeasure_refused`` why a re-measurement cannot start
-  (the first pair then decides);
+  (the windows measured then decide);
 * ``sized``: a modelled worker change sized to the rest of the fit (a start must pay for
   itself in the samples left);
 * ``may_try_one_more``: whether a window monitored after tuning may start one more trial.

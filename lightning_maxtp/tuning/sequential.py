@@ -112,7 +112,8 @@ def decided_at_the_end(
         gain: The trial window's gain over the reference's (0.1: 10 % faster).
         expected_gain: The gain predicted for the trial (``None``: none, so nothing agrees).
         min_gain: The least gain a trial is kept for.
-        rest_s: The rest of the fit at the reference's rate, seconds.
+        rest_s: The rest of the fit at the reference's rate, seconds (``inf``: the second rule
+            never keeps, as when a refused re-measure leaves a long fit to one pair).
         undo_s: What undoing the trial costs beyond its steps (its worker starts), seconds.
 
     Returns:

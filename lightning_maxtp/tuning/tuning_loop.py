@@ -487,10 +487,9 @@ class TuningLoop:
         """
         assert self._trial is not None
         t, min_gain = self._trial, self.config.min_gain
-        windows = [w for w, _ in t.windows] + [window]
+        windows = self._measured(window)
         if len(windows) % 2:  # a reference window closed: its settings are in force
             return "undecided"
-        windows[0] = aligned_epochs(windows[0], windows[1])
         rates = [window_rate(w) for w in windows]
         refs, trials = rates[0::2], rates[1::2]
         before, after = statistics.mean(refs), statistics.mean(trials)
@@ -509,9 +508,7 @@ class TuningLoop:
         mean rate: the slower side's window is time lost (0 for the faster side). ``window``
         is the window that just closed (not yet recorded), the trial's or a reference's.
         """
-        assert self._trial is not None
-        windows = [w for w, _ in self._trial.windows] + [window]
-        windows[0] = aligned_epochs(windows[0], windows[1])
+        windows = self._measured(window)
         sides = {"old": windows[0::2], "new": windows[1::2]}
         other = "new" if settings == "old" else "old"
         rate = statistics.mean(window_rate(w) for w in sides[settings])
@@ -519,6 +516,16 @@ class TuningLoop:
         if rate <= 0 or faster <= rate:
             return 0.0
         return sum(sides[settings][-1].samples) * (1 / rate - 1 / faster)
+
+    def _measured(self, window: Window) -> list[Window]:
+        """The trial's windows so far and ``window``, which just closed, in turn from the reference.
+
+        The first reference's predicted epoch start is completed as ``judge`` reads it.
+        """
+        assert self._trial is not None
+        windows = [w for w, _ in self._trial.windows] + [window]
+        windows[0] = aligned_epochs(windows[0], windows[1])
+        return windows
 
     def advance(
         self, decision: Step, window: Window, found: tuple[Diagnosis, ...], guard: Any = None
