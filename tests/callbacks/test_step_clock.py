@@ -249,6 +249,7 @@ def test_a_thread_that_ends_does_not_make_demand_negative() -> None:
     assert demand >= 0
 
 
+@pytest.mark.serial  # sub-second listing deadlines: a loaded parallel pass missed them (CI)
 def test_workers_of_the_next_epoch_are_seen_soon_after_the_last_ones_end() -> None:
     import subprocess
     import sys
