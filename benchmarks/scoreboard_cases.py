@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 
+from benchmarks.own_time import OwnTime, counting_sampler
 from benchmarks.runner import tuning_account
 from benchmarks.scoreboard import Row, ratio_row
 from benchmarks.timing import StepTimer
@@ -280,19 +282,24 @@ def never_slower(p: Profile, emit: Emit) -> None:
         ]  # fmt: skip
         workers |= {"tiny_steps_2000": 0, "already_tuned": 4}
     # These fits try nothing, so the ratio is the callback's cost against the machine's noise:
-    # three rounds at least (``scoreboard.NOISY``).
+    # three rounds (``scoreboard.ROUNDS``), the callback first in every other round (a
+    # machine that speeds up or slows down across a round then favours neither side), and the
+    # cost itself timed inside the callback's fits (``OwnTime``), the row's reason if it misses.
     for job in jobs:
         plain, ours, first_plain, first_ours, notes = [], [], [], [], []
-        for _ in range(p.rounds_of("never_slower")):
-            for out, firsts, cbs in ((plain, first_plain, []), (ours, first_ours, [callback()])):
-                first = FirstStep()
-                started = time.perf_counter()
-                out.append(job.fit(workers[job.name], callbacks=[*cbs, first]))
-                firsts.append((first.at or started) - started)
-                if cbs:
-                    notes.append(_summary(cbs[0]))
+        own_shares: list[float] = []
+        for r in range(p.rounds_of("never_slower")):
+            for with_cb in (False, True) if r % 2 == 0 else (True, False):
+                fit_s, first_s, own = _watched_fit(job, workers[job.name], with_cb)
+                (ours if with_cb else plain).append(fit_s)
+                (first_ours if with_cb else first_plain).append(first_s)
+                if own is not None:
+                    notes.append(_summary(own[0]))
+                    own_shares.append(own[1].share(fit_s))
+        own_share = statistics.median(own_shares)
         emit(ratio_row("never_slower", job.name, ours, plain, most=1.05, smoke=p.smoke,
-                       slack_s=0.5, detail=_rounds(notes)))  # fmt: skip
+                       slack_s=0.5, detail=f"own time {own_share:.1%} of the fit (hooks + "
+                       f"sampler CPU); {_rounds(notes)}"))  # fmt: skip
         if job.name == "compute_bound_conv":
             extra = statistics.median(a - b for a, b in zip(first_ours, first_plain, strict=True))
             emit(
@@ -303,6 +310,20 @@ def never_slower(p: Profile, emit: Emit) -> None:
                     f"{statistics.median(first_plain):.2f} s after fit()",
                 )
             )  # fmt: skip
+
+
+def _watched_fit(
+    job: Job, workers: int, with_callback: bool
+) -> tuple[float, float, tuple[Any, OwnTime] | None]:
+    """One fit: its seconds, when its first step ended, and the callback with its own time."""
+    cb = callback() if with_callback else None
+    own = OwnTime(cb) if cb is not None else None
+    first = FirstStep()
+    started = time.perf_counter()
+    with counting_sampler(own) if own is not None else nullcontext():
+        fit_s = job.fit(workers, callbacks=[first] if cb is None else [cb, first])
+    first_s = (first.at or started) - started
+    return fit_s, first_s, None if cb is None or own is None else (cb, own)
 
 
 def _conv_net() -> pl.LightningModule:
@@ -394,7 +415,7 @@ def demo(p: Profile, emit: Emit) -> None:
     data.read_latency_s = 0.005
     job = Job("demo", partial(ImageClassifier, "mobilenet_v3_small"), data, steps=steps)
     plain, ours, notes = [], [], []
-    for _ in range(p.rounds):
+    for _ in range(p.rounds_of("demo")):
         plain.append(job.fit(0, persistent=False))
         cb = callback()
         ours.append(job.fit(0, persistent=False, callbacks=[cb]))

@@ -5,8 +5,6 @@ One test per case, so that the parallel pass spreads them over its workers.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from benchmarks import scoreboard
@@ -60,14 +58,17 @@ def test_a_row_meets_its_ratio_or_the_slack_of_a_short_fit() -> None:
     assert "met 1 of 2 rows" in table and "missed: c / x" in table
 
 
-def test_noisy_cases_run_more_rounds_and_the_header_says_so() -> None:
+def test_cases_run_their_own_rounds_and_the_header_says_so() -> None:
     full, quick, smoke = (scoreboard.PROFILES[n] for n in ("full", "quick", "smoke"))
     assert full.rounds_of("jpeg_defaults") == full.rounds == 2
     assert full.rounds_of("short_epochs") == full.rounds_of("never_slower") == 3
+    assert full.rounds_of("demo") == 1
     assert quick.rounds_of("short_epochs") == 1 and quick.rounds_of("never_slower") == 3
     assert smoke.rounds_of("never_slower") == 1
-    # --rounds keeps the noisy cases' least rounds, and more rounds than that win.
-    assert dataclasses.replace(full, rounds=5).rounds_of("short_epochs") == 5
+    # --rounds N runs N rounds of every case.
+    with process_state_kept():
+        out = scoreboard.main(["--rounds", "1", "--only", "monitor_cost"])
+    assert (out["profile"], out["rounds"], out["case_rounds"]) == ("full", 1, {})
     rows = [scoreboard.Row(c, "x", "t", 1.0, "1.00x", True) for c in ("demo", "short_epochs")]
     header = scoreboard.format_table(rows, full, 1.0).splitlines()[0]
-    assert header == "scoreboard (full, 2 round(s), short_epochs 3, 1 s)"
+    assert header == "scoreboard (full, 2 round(s), demo 1, short_epochs 3, 1 s)"
