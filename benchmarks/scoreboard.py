@@ -3,7 +3,8 @@
 Each change to the loop (``tuning/``, ``callbacks/``, ``knobs/``, ``observe/recommend*``)
 runs it: a change that wins one row and loses another is not done. Every case times whole
 ``Trainer.fit`` calls in this one process, the hand settings and the callback in turn within
-each round (A/B interleaved, so a machine that drifts moves both), and compares medians:
+each round, the order reversed every other round (A/B interleaved, so a machine that drifts
+moves both and favours neither), and compares medians:
 
 ================  =====================================================================
 case              what it holds
@@ -28,10 +29,9 @@ demo              ``examples/demo.py``'s job: defaults, then with the callback
 
 The full profile runs two rounds of each case, three of those whose single rounds land
 further apart than their margin and one of the demo, whose margin dwarfs its spread
-(``ROUNDS``). ``never_slower`` puts the callback first in every other round. ``--quick`` runs a
-subset in about six minutes, ``--smoke`` every case at toy sizes in about a minute with no
-targets (CI runs it). Each row is printed the moment it is measured; the table follows, then
-one JSON line (also written to ``--out``).
+(``ROUNDS``). ``--quick`` runs a subset in about six minutes, ``--smoke`` every case at toy
+sizes in about a minute with no targets (CI runs it). Each row is printed the moment it is
+measured; the table follows, then one JSON line (also written to ``--out``).
 
 Usage: ``python -m benchmarks.scoreboard [--quick | --smoke] [--rounds N] [--only CASE,...]
 [--out FILE] [--table FILE]``

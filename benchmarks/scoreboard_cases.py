@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +91,16 @@ def _rounds(notes: list[str]) -> str:
     return f"rounds differ: {' | '.join(did)}; last: {notes[-1]}"
 
 
+def _in_turn(round_: int, fits: Sequence[Callable[[], object]]) -> None:
+    """One round's fits, in reverse order every other round.
+
+    One fit here can land 30 % off the next, and a machine that slows down across a round
+    would otherwise always charge the side that runs last (the callback's, in most cases).
+    """
+    for fit in fits if round_ % 2 == 0 else reversed(fits):
+        fit()
+
+
 def _sweep(job: Job, settings: list[tuple[int, bool]], tail: int) -> dict[tuple[int, bool], Any]:
     """One fit per hand setting: ``{(workers, persistent): (seconds, tail samples/s)}``."""
     out = {}
@@ -127,13 +139,16 @@ def jpeg_defaults(p: Profile, emit: Emit) -> None:
     best = min(sweep, key=lambda s: sweep[s][0])
     best_rate = max(r for _, r in sweep.values() if r is not None)
     hand, ours, rates, notes = [], [], [], []
-    for _ in range(p.rounds):
-        hand.append(job.fit(best[0], persistent=best[1]))
+
+    def tuned() -> None:
         cb, timer = callback(), StepTimer(steps - tail, tail)
         ours.append(job.fit(0, persistent=False, callbacks=[cb, timer]))
         if (rate := _rate(timer)) is not None:
             rates.append(rate)
         notes.append(_summary(cb))
+
+    for r in range(p.rounds):
+        _in_turn(r, [lambda: hand.append(job.fit(best[0], persistent=best[1])), tuned])
     emit(
         ratio_row(
             "jpeg_defaults", "whole fit vs best hand", ours, hand, most=1.10, smoke=p.smoke,
@@ -162,12 +177,15 @@ def waiting_loader(p: Profile, emit: Emit) -> None:
     if not p.smoke:
         sweep |= {(32, True): (job.fit(32, persistent=True), None)}
     hand, ours, costs, notes = [], [], [], []
-    for _ in range(p.rounds):
-        hand.append(job.fit(best[0], persistent=True))
+
+    def tuned() -> None:
         cb = callback()
         ours.append(job.fit(0, persistent=False, callbacks=[cb]))
         costs.append(tuning_account(cb.tuning))
         notes.append(_summary(cb))
+
+    for r in range(p.rounds):
+        _in_turn(r, [lambda: hand.append(job.fit(best[0], persistent=True)), tuned])
     emit(
         ratio_row(
             "waiting_loader", "whole fit vs best hand", ours, hand, most=1.4, smoke=p.smoke,
@@ -215,14 +233,17 @@ def short_epochs(p: Profile, emit: Emit) -> None:
     sweep = _sweep(job, grid, 0)
     best = min(sweep, key=lambda s: sweep[s][0])
     hand, from0, from4, notes0, notes4 = [], [], [], [], []
-    for _ in range(p.rounds_of("short_epochs")):
-        hand.append(job.fit(best[0], persistent=best[1]))
+
+    def tuned(workers: int, out: list[float], notes: list[str]) -> None:
         cb = callback()
-        from0.append(job.fit(0, persistent=False, callbacks=[cb]))
-        notes0.append(_summary(cb))
-        cb = callback()
-        from4.append(job.fit(4, persistent=False, callbacks=[cb]))
-        notes4.append(_summary(cb))
+        out.append(job.fit(workers, persistent=False, callbacks=[cb]))
+        notes.append(_summary(cb))
+
+    for r in range(p.rounds_of("short_epochs")):
+        _in_turn(r, [
+            lambda: hand.append(job.fit(best[0], persistent=best[1])),
+            partial(tuned, 0, from0, notes0), partial(tuned, 4, from4, notes4),
+        ])  # fmt: skip
     for name, ours, notes in (("from 0 workers", from0, notes0), ("from 4 workers", from4, notes4)):
         emit(
             ratio_row(
@@ -241,16 +262,21 @@ def both_directions(p: Profile, emit: Emit) -> None:
         "both_directions", partial(ImageClassifier, "resnet18"),
         jpeg_dataset(256, 64, repeat=4), steps=steps,
     )  # fmt: skip
-    none, four, from0, from4, notes = [], [], [], [], []
-    for _ in range(p.rounds):
-        none.append(job.fit(0, persistent=False))
-        four.append(job.fit(4, persistent=True))
+    none, four, from0, from4 = [], [], [], []
+    notes0: list[str] = []
+    notes4: list[str] = []
+
+    def tuned(workers: int, out: list[float], notes: list[str]) -> None:
         cb = callback()
-        from0.append(job.fit(0, persistent=False, callbacks=[cb]))
+        out.append(job.fit(workers, persistent=workers > 0, callbacks=[cb]))
         notes.append(_summary(cb))
-        cb = callback()
-        from4.append(job.fit(4, persistent=True, callbacks=[cb]))
-        notes.append(_summary(cb))
+
+    for r in range(p.rounds):
+        _in_turn(r, [
+            lambda: none.append(job.fit(0, persistent=False)),
+            lambda: four.append(job.fit(4, persistent=True)),
+            partial(tuned, 0, from0, notes0), partial(tuned, 4, from4, notes4),
+        ])  # fmt: skip
     # The better setting over the rounds, not each round's faster fit: the two are within a
     # few percent of each other here and one fit lands up to 30 % off the next, so the faster
     # of two fits is a lucky draw the callback's one fit would be held to (the rows read
@@ -258,9 +284,9 @@ def both_directions(p: Profile, emit: Emit) -> None:
     better = none if statistics.median(none) <= statistics.median(four) else four
     hand = f"hand: 0 workers {statistics.median(none):.1f} s, 4 {statistics.median(four):.1f} s"
     emit(ratio_row("both_directions", "from 0 vs better hand", from0, better, most=1.10,
-                   smoke=p.smoke, detail=f"{hand}; {_rounds(notes[0::2])}"))  # fmt: skip
+                   smoke=p.smoke, detail=f"{hand}; {_rounds(notes0)}"))  # fmt: skip
     emit(ratio_row("both_directions", "from 4 vs better hand", from4, better, most=1.10,
-                   smoke=p.smoke, detail=f"{hand}; {_rounds(notes[1::2])}"))  # fmt: skip
+                   smoke=p.smoke, detail=f"{hand}; {_rounds(notes4)}"))  # fmt: skip
 
 
 def never_slower(p: Profile, emit: Emit) -> None:
@@ -282,48 +308,56 @@ def never_slower(p: Profile, emit: Emit) -> None:
         ]  # fmt: skip
         workers |= {"tiny_steps_2000": 0, "already_tuned": 4}
     # These fits try nothing, so the ratio is the callback's cost against the machine's noise:
-    # three rounds (``scoreboard.ROUNDS``), the callback first in every other round (a
-    # machine that speeds up or slows down across a round then favours neither side), and the
-    # cost itself timed inside the callback's fits (``OwnTime``), the row's reason if it misses.
+    # three rounds (``scoreboard.ROUNDS``), and the cost itself timed inside the callback's
+    # fits (``OwnTime``), the row's reason if it misses.
     for job in jobs:
-        plain, ours, first_plain, first_ours, notes = [], [], [], [], []
-        own_shares: list[float] = []
+        sides = _Sides(job, workers[job.name])
         for r in range(p.rounds_of("never_slower")):
-            for with_cb in (False, True) if r % 2 == 0 else (True, False):
-                fit_s, first_s, own = _watched_fit(job, workers[job.name], with_cb)
-                (ours if with_cb else plain).append(fit_s)
-                (first_ours if with_cb else first_plain).append(first_s)
-                if own is not None:
-                    notes.append(_summary(own[0]))
-                    own_shares.append(own[1].share(fit_s))
-        own_share = statistics.median(own_shares)
-        emit(ratio_row("never_slower", job.name, ours, plain, most=1.05, smoke=p.smoke,
-                       slack_s=0.5, detail=f"own time {own_share:.1%} of the fit (hooks + "
-                       f"sampler CPU); {_rounds(notes)}"))  # fmt: skip
+            _in_turn(r, [partial(sides.fit, False), partial(sides.fit, True)])
+        own_share = statistics.median(sides.own_shares)
+        emit(ratio_row("never_slower", job.name, sides.fits[True], sides.fits[False], most=1.05,
+                       smoke=p.smoke, slack_s=0.5, detail=f"own time {own_share:.1%} of the fit "
+                       f"(hooks + sampler CPU); {_rounds(sides.notes)}"))  # fmt: skip
         if job.name == "compute_bound_conv":
-            extra = statistics.median(a - b for a, b in zip(first_ours, first_plain, strict=True))
+            ours, plain = sides.firsts[True], sides.firsts[False]
+            extra = statistics.median(a - b for a, b in zip(ours, plain, strict=True))
             emit(
                 Row(
                     "never_slower", "fixed cost before the first step", "<= 0.20 s", extra,
                     f"{extra:+.2f} s", None if p.smoke else extra <= 0.2,
-                    f"first step ends {statistics.median(first_ours):.2f} s vs "
-                    f"{statistics.median(first_plain):.2f} s after fit()",
+                    f"first step ends {statistics.median(ours):.2f} s vs "
+                    f"{statistics.median(plain):.2f} s after fit()",
                 )
             )  # fmt: skip
 
 
-def _watched_fit(
-    job: Job, workers: int, with_callback: bool
-) -> tuple[float, float, tuple[Any, OwnTime] | None]:
-    """One fit: its seconds, when its first step ended, and the callback with its own time."""
-    cb = callback() if with_callback else None
-    own = OwnTime(cb) if cb is not None else None
-    first = FirstStep()
-    started = time.perf_counter()
-    with counting_sampler(own) if own is not None else nullcontext():
-        fit_s = job.fit(workers, callbacks=[first] if cb is None else [cb, first])
-    first_s = (first.at or started) - started
-    return fit_s, first_s, None if cb is None or own is None else (cb, own)
+@dataclass
+class _Sides:
+    """One job's fits without (``False``) and with (``True``) the callback, round by round."""
+
+    job: Job
+    workers: int
+    fits: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
+    """Whole-fit seconds."""
+    firsts: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
+    """Seconds from ``fit`` to the end of the first step."""
+    notes: list[str] = field(default_factory=list)
+    own_shares: list[float] = field(default_factory=list)
+    """The callback's own time (``OwnTime``) as a share of each of its fits."""
+
+    def fit(self, with_callback: bool) -> None:
+        """One fit of the job, on one side."""
+        cb = callback() if with_callback else None
+        own = OwnTime(cb) if cb is not None else None
+        first = FirstStep()
+        started = time.perf_counter()
+        with counting_sampler(own) if own is not None else nullcontext():
+            fit_s = self.job.fit(self.workers, callbacks=[first] if cb is None else [cb, first])
+        self.fits[with_callback].append(fit_s)
+        self.firsts[with_callback].append((first.at or started) - started)
+        if cb is not None and own is not None:
+            self.notes.append(_summary(cb))
+            self.own_shares.append(own.share(fit_s))
 
 
 def _conv_net() -> pl.LightningModule:
@@ -342,14 +376,22 @@ def allow_all(p: Profile, emit: Emit) -> None:
     for name, steps in (("short", p.steps(40, 10)), ("long", p.steps(300, 20))):
         job = Job(f"allow_all_{name}", _conv_net, conv_images(64 * 40, 32), batch_size=64,
                   steps=steps)  # fmt: skip
-        plain, ours, notes = [], [], []
-        for _ in range(p.rounds):
-            plain.append(job.fit(0))
-            cb = callback(allow="all")
-            ours.append(job.fit(0, callbacks=[cb]))
-            notes.append(_summary(cb))
-        emit(ratio_row("allow_all", f"{name} fit ({steps} steps)", ours, plain, most=1 / 0.97,
-                       smoke=p.smoke, slack_s=0.5, detail=_rounds(notes)))  # fmt: skip
+        emit(_allow_all_row(p, job, f"{name} fit ({steps} steps)"))
+
+
+def _allow_all_row(p: Profile, job: Job, check: str) -> Row:
+    """One ``allow_all`` job: defaults and ``allow="all"`` in turn."""
+    plain, ours, notes = [], [], []
+
+    def tuned() -> None:
+        cb = callback(allow="all")
+        ours.append(job.fit(0, callbacks=[cb]))
+        notes.append(_summary(cb))
+
+    for r in range(p.rounds):
+        _in_turn(r, [lambda: plain.append(job.fit(0)), tuned])
+    return ratio_row("allow_all", check, ours, plain, most=1 / 0.97, smoke=p.smoke, slack_s=0.5,
+                     detail=_rounds(notes))  # fmt: skip
 
 
 def batch_knee(p: Profile, emit: Emit) -> None:
@@ -365,9 +407,11 @@ def batch_knee(p: Profile, emit: Emit) -> None:
     plan, ours_s = bench.search_ours(args)
     theirs, theirs_s = bench.search_lightning(args)
     ours_rate, theirs_rate = [], []
-    for _ in range(p.rounds):
-        ours_rate.append(bench.train_at(args, plan.fastest_batch_size).samples_per_s)
-        theirs_rate.append(bench.train_at(args, theirs).samples_per_s)
+    for r in range(p.rounds):
+        _in_turn(r, [
+            lambda: ours_rate.append(bench.train_at(args, plan.fastest_batch_size).samples_per_s),
+            lambda: theirs_rate.append(bench.train_at(args, theirs).samples_per_s),
+        ])  # fmt: skip
     ratio = statistics.median(ours_rate) / statistics.median(theirs_rate)
     detail = f"search {ours_s:.1f} s vs {theirs_s:.1f} s"
     if plan.fastest_batch_size == theirs:
@@ -415,10 +459,13 @@ def demo(p: Profile, emit: Emit) -> None:
     data.read_latency_s = 0.005
     job = Job("demo", partial(ImageClassifier, "mobilenet_v3_small"), data, steps=steps)
     plain, ours, notes = [], [], []
-    for _ in range(p.rounds_of("demo")):
-        plain.append(job.fit(0, persistent=False))
+
+    def tuned() -> None:
         cb = callback()
         ours.append(job.fit(0, persistent=False, callbacks=[cb]))
         notes.append(_summary(cb))
+
+    for r in range(p.rounds_of("demo")):
+        _in_turn(r, [lambda: plain.append(job.fit(0, persistent=False)), tuned])
     emit(ratio_row("demo", "fit vs defaults", ours, plain, most=0.8, smoke=p.smoke,
                    detail=_rounds(notes)))  # fmt: skip

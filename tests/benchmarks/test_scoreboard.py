@@ -72,3 +72,12 @@ def test_cases_run_their_own_rounds_and_the_header_says_so() -> None:
     rows = [scoreboard.Row(c, "x", "t", 1.0, "1.00x", True) for c in ("demo", "short_epochs")]
     header = scoreboard.format_table(rows, full, 1.0).splitlines()[0]
     assert header == "scoreboard (full, 2 round(s), demo 1, short_epochs 3, 1 s)"
+
+
+def test_a_round_runs_its_fits_in_reverse_order_every_other_round() -> None:
+    from benchmarks.scoreboard_cases import _in_turn
+
+    ran: list[str] = []
+    for r in range(3):
+        _in_turn(r, [lambda: ran.append("hand"), lambda: ran.append("callback")])
+    assert ran == ["hand", "callback", "callback", "hand", "hand", "callback"]
