@@ -603,10 +603,13 @@ def scoreboard(root: Path) -> str:
                 detail,
             ]
         )
+    # Older result files name the per-case rounds ``least_rounds``.
+    own = data.get("case_rounds", data.get("least_rounds")) or {}
+    rounds = ", ".join([f"{data['rounds']} rounds", *(f"{c} {n}" for c, n in own.items())])
     return block(
         paragraph(
-            f"`python -m benchmarks.scoreboard` (profile {data['profile']}, {data['rounds']} "
-            f"rounds, {data['seconds']:.0f} s), {src.date}, commit {src.commit_text}: "
+            f"`python -m benchmarks.scoreboard` (profile {data['profile']}, {rounds}, "
+            f"{data['seconds']:.0f} s), {src.date}, commit {src.commit_text}: "
             f"{data['met']} of {data['judged']} rows met ({file_link(src)}, the `.txt` beside "
             f"it)."
         ),

@@ -4,7 +4,7 @@ Each change to the loop (``tuning/``, ``callbacks/``, ``knobs/``, ``observe/reco
 runs it: a change that wins one row and loses another is not done. Every case times whole
 ``Trainer.fit`` calls in this one process, the hand settings and the callback in turn within
 each round, the order reversed every other round (A/B interleaved, so a machine that drifts
-moves both and favours neither), and compares medians:
+moves both, and over an even number of rounds favours neither), and compares medians:
 
 ================  =====================================================================
 case              what it holds
@@ -181,7 +181,7 @@ the callback's cost against the machine's noise (the same 9.6 s conv fit without
 took 9.6 to 15.3 s in four rounds by hand); ``short_epochs`` from 4 workers pays one epoch at
 the user's setting while it is measured (some 6 % of the fit), and its single rounds at one
 commit read 0.95x to 1.27x against the 1.10x target. With three rounds the median outlasts one
-such round. Fewer where the margin dwarfs the spread: every ``demo`` round of the thirteen
+such round. Fewer where the margin dwarfs the spread: every ``demo`` round of the fourteen
 committed full runs before this table read 0.46x to 0.60x against its 0.80x target, and a
 round costs a minute. The quick profile keeps one round of ``short_epochs``."""
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mode.add_argument("--quick", action="store_true", help="a subset, about six minutes")
     mode.add_argument("--smoke", action="store_true", help="toy sizes, no targets (CI)")
     parser.add_argument(
-        "--rounds", type=int, help="rounds of every case (default: the profile's, ROUNDS)"
+        "--rounds", type=int, help="rounds of every case (default: the profile's own per case)"
     )
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", type=Path, help="also write the JSON line here")

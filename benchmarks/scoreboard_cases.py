@@ -1,7 +1,8 @@
 """The scoreboard's cases: each times whole fits by hand and with the callback, and emits rows.
 
 One function per case, named as in ``scoreboard.CASES``, taking the ``Profile`` and the
-``emit`` callable. Hand settings and the callback run in turn within each round.
+``emit`` callable. Hand settings and the callback run in turn within each round, the order
+reversed every other round (``_in_turn``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ def test_a_row_meets_its_ratio_or_the_slack_of_a_short_fit() -> None:
     assert "met 1 of 2 rows" in table and "missed: c / x" in table
 
 
-def test_cases_run_their_own_rounds_and_the_header_says_so() -> None:
+def test_cases_run_their_own_rounds_and_the_header_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     full, quick, smoke = (scoreboard.PROFILES[n] for n in ("full", "quick", "smoke"))
     assert full.rounds_of("jpeg_defaults") == full.rounds == 2
     assert full.rounds_of("short_epochs") == full.rounds_of("never_slower") == 3
@@ -66,9 +68,12 @@ def test_cases_run_their_own_rounds_and_the_header_says_so() -> None:
     assert quick.rounds_of("short_epochs") == 1 and quick.rounds_of("never_slower") == 3
     assert smoke.rounds_of("never_slower") == 1
     # --rounds N runs N rounds of every case.
+    ran: list[scoreboard.Profile] = []
+    monkeypatch.setattr(scoreboard, "run", lambda profile, emit, only: ran.append(profile) or [])
     with process_state_kept():
-        out = scoreboard.main(["--rounds", "1", "--only", "monitor_cost"])
+        out = scoreboard.main(["--rounds", "1"])
     assert (out["profile"], out["rounds"], out["case_rounds"]) == ("full", 1, {})
+    assert {ran[0].rounds_of(case) for case in scoreboard.CASES} == {1}
     rows = [scoreboard.Row(c, "x", "t", 1.0, "1.00x", True) for c in ("demo", "short_epochs")]
     header = scoreboard.format_table(rows, full, 1.0).splitlines()[0]
     assert header == "scoreboard (full, 2 round(s), demo 1, short_epochs 3, 1 s)"
