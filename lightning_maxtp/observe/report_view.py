@@ -232,21 +232,26 @@ def _settings(
 
 
 def _next(data: Mapping[str, Any], tuning: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """What to try next: the top diagnosis's first recommendations, and knobs left out."""
+    """What to try next: the top diagnosis's first recommendations, and knobs left out.
+
+    A recommended knob that ``allow`` left out is said once, by the note that names it (which
+    also says how to allow it), not again as a recommendation above it.
+    """
+    notes = [str(n) for n in (tuning or {}).get("notes") or []]
+    left_out = [n for n in notes if n.startswith(_NOT_ALLOWED)]
+    named = {k for note in left_out for k in note[len(_NOT_ALLOWED) :].split(" (")[0].split(", ")}
     found = []
     diagnoses = data.get("diagnoses") or []
     if diagnoses:
         top = diagnoses[0]
-        for rec in (top.get("recommendations") or [])[:_NEXT_SHOWN]:
+        recs = [r for r in top.get("recommendations") or [] if r.get("knob") not in named]
+        for rec in recs[:_NEXT_SHOWN]:
             mode = "automatic: the loop may apply it" if rec.get("auto_apply") else "opt-in"
             found.append(
                 f"`{rec.get('knob')}`: {rec.get('current')} -> {rec.get('proposed')} ({mode}; "
                 f"see `{top.get('kind')}` below)"
             )
-    for note in (tuning or {}).get("notes") or []:
-        if str(note).startswith(_NOT_ALLOWED):
-            found.append(str(note))
-    return tuple(found)
+    return (*found, *left_out)
 
 
 def _summary(

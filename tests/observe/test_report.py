@@ -234,14 +234,30 @@ def test_report_md_leads_with_the_result_settings_cost_and_net_of_report_json(
         f"{data['median_step_s'] * 1e3:.1f} ms, data wait {data['data_wait_share']:.0%} (under "
         "the final settings)"
     ) in lines
-    # What next: the top diagnosis's recommendation and the knobs `allow` left out.
+    # What next: the knobs `allow` left out; `compile`, recommended too, is said once, there.
     assert bullets["Next"] == ""
     nexts = [line.strip()[2:] for line in lines if line.startswith("    - ")]
-    assert nexts[0].startswith("`compile`: False -> True (opt-in")
-    assert nexts[1] == tuning["notes"][0]
+    assert nexts == [tuning["notes"][0]] and "`compile`: False -> True" not in head
     assert "![timeline](timeline.png)" in head
     # Said once: the notes keep none of the lines the summary and the trial table say.
     assert "## Notes" not in md and "maxtp: tuning:" not in md and "## Knob changes" not in md
+
+
+def test_next_says_a_recommended_knob_that_allow_left_out_once() -> None:
+    from lightning_maxtp.observe.report_view import report_view
+    from tests.helpers.tuned_report import tuned_report
+
+    data = tuned_report().to_dict()
+    compile_rec = data["diagnoses"][0]["recommendations"][0]
+    data["diagnoses"][0]["recommendations"].append(
+        {**compile_rec, "knob": "batch_size", "current": 32, "proposed": 64}
+    )
+    nexts = report_view(data).summary.next
+    assert nexts[0].startswith("`batch_size`: 32 -> 64 (opt-in; see `compute` below)")
+    assert nexts[1:] == ("not allowed: compile (allow='all' tries it behind a numerics guard)",)
+    # Nothing left out: the recommendation is shown.
+    data["tuning"]["notes"] = []
+    assert report_view(data).summary.next[0].startswith("`compile`: False -> True")
 
 
 def test_report_md_has_one_row_per_trial_with_its_verdict(tmp_path: Path) -> None:
