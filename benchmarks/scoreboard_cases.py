@@ -137,9 +137,13 @@ def jpeg_defaults(p: Profile, emit: Emit) -> None:
     tail = max(4, steps // 3)
     grid = [(0, False), (2, True)] if p.smoke else [(w, w > 0) for w in (0, 1, 2, 3, 4)]
     sweep = _sweep(job, grid, tail)
-    best = min(sweep, key=lambda s: sweep[s][0])
     best_rate = max(r for _, r in sweep.values() if r is not None)
-    hand, ours, rates, notes = [], [], [], []
+    # The sweep's two fastest settings are timed again in every round and the better median is
+    # the hand setting: one fit a setting can crown a slow one (a sweep here once timed 4
+    # workers at 29.8 s and 1 worker at 16.4 s; 4 workers took 12.5 s in the run before).
+    finalists = sorted(sweep, key=lambda s: sweep[s][0])[: 1 if p.smoke else 2]
+    hand: dict[tuple[int, bool], list[float]] = {s: [] for s in finalists}
+    ours, rates, notes = [], [], []
 
     def tuned() -> None:
         cb, timer = callback(), StepTimer(steps - tail, tail)
@@ -148,12 +152,17 @@ def jpeg_defaults(p: Profile, emit: Emit) -> None:
             rates.append(rate)
         notes.append(_summary(cb))
 
+    def by_hand(setting: tuple[int, bool]) -> None:
+        hand[setting].append(job.fit(setting[0], persistent=setting[1]))
+
     for r in range(p.rounds):
-        _in_turn(r, [lambda: hand.append(job.fit(best[0], persistent=best[1])), tuned])
+        _in_turn(r, [*(partial(by_hand, s) for s in finalists), tuned])
+    best = min(finalists, key=lambda s: statistics.median(hand[s]))
+    again = ", ".join(f"{_name(s)} {statistics.median(hand[s]):.1f} s" for s in finalists)
     emit(
         ratio_row(
-            "jpeg_defaults", "whole fit vs best hand", ours, hand, most=1.10, smoke=p.smoke,
-            detail=_against(sweep, best, _rounds(notes)),
+            "jpeg_defaults", "whole fit vs best hand", ours, hand[best], most=1.10,
+            smoke=p.smoke, detail=_against(sweep, best, f"in the rounds {again}; {_rounds(notes)}"),
         )
     )  # fmt: skip
     steady = statistics.median(rates) / best_rate if rates else float("nan")
