@@ -31,6 +31,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,10 @@ def _per_round(detail: str) -> Stat | None:
     return stat(float(v) for v in found.group(1).split(",")) if found else None
 
 
+_WHOLE_RUN = re.compile(r"scoreboard_cpu-2core(_at_[0-9a-f]{7,40})?\.json")
+"""The canonical full scoreboard run and the earlier ones kept beside it."""
+
+
 @dataclass(frozen=True)
 class DemoFit:
     """The demo's whole fit with the callback over its fit at defaults, every full run's rounds."""
@@ -318,14 +323,27 @@ class DemoFit:
 
 
 def _demo_fit(root: Path) -> DemoFit:
-    """Every committed full scoreboard run's demo rounds (one round a run reads as little)."""
+    """Every committed whole full scoreboard run's demo rounds (one round a run reads as little).
+
+    The canonical file and the earlier runs kept as ``_at_<commit>``: not a run of chosen cases
+    (``only``) nor a named experiment beside them.
+
+    Raises:
+        RenderError: When no such run has a demo row, or one has a demo row without rounds.
+    """
     found = []
-    for path in sorted((root / RESULTS).glob("scoreboard_cpu-2core*.json")):
+    for path in (root / RESULTS).glob("scoreboard_cpu-2core*.json"):
+        if not _WHOLE_RUN.fullmatch(path.name):
+            continue
         data = load(root, path.name)
         rows = [r for r in data.get("rows", []) if r["case"] == "demo"]
-        per = _per_round(rows[0]["detail"]) if rows else None
-        if data.get("profile") == "full" and per is not None:
-            found.append((str(data.get("timestamp")), source(root, path.name, data), per))
+        if data.get("profile") != "full" or data.get("only") or not rows:
+            continue
+        per = _per_round(rows[0]["detail"])
+        if per is None:
+            raise RenderError(f"{RESULTS}/{path.name}: the demo row lost its rounds")
+        at = datetime.strptime(str(data.get("timestamp")), "%Y-%m-%dT%H:%M:%S%z")
+        found.append((at, source(root, path.name, data), per))
     if not found:
         raise RenderError(f"{RESULTS}/scoreboard_cpu-2core*.json: no full run has a demo row")
     found.sort(key=lambda item: item[0])

@@ -10,8 +10,8 @@ moves both, and over an even number of rounds favours neither), and compares med
 case              what it holds
 ================  =====================================================================
 jpeg_defaults     a data-bound JPEG job at Lightning's defaults: the callback's whole fit
-                  against the better of a hand sweep's two fastest settings (both timed
-                  again each round), and its steady rate against the sweep's best
+                  against the best of a hand sweep of workers run in every round (by
+                  median), and its steady rate against the sweep's best
 waiting_loader    items that wait 3 ms on reads: workers scale past the cores; the whole
                   fit against the best hand setting, and the tuning cost against its budget
 short_epochs      12-step epochs, each followed by a 2-batch validation pass, from 0 and
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "profile": profile.name,
         "rounds": profile.rounds,
         "case_rounds": dict(profile.case_rounds),
+        "only": sorted(only) if only else None,
         "seconds": seconds,
         "git_commit": commit,
         "git_dirty": dirty,
