@@ -117,10 +117,10 @@ def _name(setting: tuple[int, bool]) -> str:
     return f"{workers} workers{' persistent' if persistent and workers else ''}"
 
 
-def _against(sweep: dict[tuple[int, bool], Any], best: tuple[int, bool], note: str) -> str:
+def _against(times: dict[tuple[int, bool], float], best: tuple[int, bool], note: str) -> str:
     """A row's detail: the best hand setting, the sweep's times and what the callback did."""
-    times = ", ".join(f"{_name(s)} {v[0]:.1f} s" for s, v in sweep.items())
-    return f"best hand {_name(best)}; sweep {times}; {note}"
+    shown = ", ".join(f"{_name(s)} {t:.1f} s" for s, t in times.items())
+    return f"best hand {_name(best)}; sweep {shown}; {note}"
 
 
 def _rate(timer: StepTimer) -> float | None:
@@ -158,13 +158,13 @@ def jpeg_defaults(p: Profile, emit: Emit) -> None:
 
     for r in range(p.rounds):
         _in_turn(r, [*(partial(by_hand, s) for s in grid), tuned])
-    best = min(grid, key=lambda s: statistics.median(hand[s]))
+    medians = {s: statistics.median(hand[s]) for s in grid}
+    best = min(grid, key=medians.__getitem__)
     best_rate = max(statistics.median(t) for t in tails.values() if t)
-    sweep = {s: (statistics.median(hand[s]), None) for s in grid}
     emit(
         ratio_row(
             "jpeg_defaults", "whole fit vs best hand", ours, hand[best], most=1.10, smoke=p.smoke,
-            detail=_against(sweep, best, f"medians of {p.rounds} round(s); {_rounds(notes)}"),
+            detail=_against(medians, best, f"medians of {p.rounds} round(s); {_rounds(notes)}"),
         )
     )  # fmt: skip
     steady = statistics.median(rates) / best_rate if rates else float("nan")
@@ -202,7 +202,7 @@ def waiting_loader(p: Profile, emit: Emit) -> None:
     emit(
         ratio_row(
             "waiting_loader", "whole fit vs best hand", ours, hand, most=1.4, smoke=p.smoke,
-            detail=_against(sweep, best, _rounds(notes)),
+            detail=_against({s: v[0] for s, v in sweep.items()}, best, _rounds(notes)),
         )
     )  # fmt: skip
     emit(_budget_row(p, costs))
@@ -261,7 +261,7 @@ def short_epochs(p: Profile, emit: Emit) -> None:
         emit(
             ratio_row(
                 "short_epochs", f"{name} vs best hand", ours, hand, most=1.10, smoke=p.smoke,
-                detail=_against(sweep, best, _rounds(notes)),
+                detail=_against({s: v[0] for s, v in sweep.items()}, best, _rounds(notes)),
             )
         )  # fmt: skip
 
