@@ -1,6 +1,6 @@
 """The scoreboard: every case the closed loop must hold, in one command, one table.
 
-Each change to the loop (``tuning/``, ``callbacks/``, ``knobs/``, ``observe/recommend*``)
+Each change to the loop (``tuning/``, ``callbacks/``, ``knobs/``, ``observe/diagnosis.py``)
 runs it: a change that wins one row and loses another is not done. Every case times whole
 ``Trainer.fit`` calls in this one process, the hand settings and the callback in turn within
 each round, the order reversed every other round (A/B interleaved, so a machine that drifts

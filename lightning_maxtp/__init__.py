@@ -39,7 +39,7 @@ _LAZY = {
     "TuningSummary": "lightning_maxtp.tuning",
     "Window": "lightning_maxtp.observe",
     "apply_loader_plan": "lightning_maxtp.loader",
-    "diagnose": "lightning_maxtp.observe",
+    "diagnose": "lightning_maxtp.knobs.advisor",
     "find_batch_size": "lightning_maxtp.batch_size",
     "inspect_resources": "lightning_maxtp.resources",
     "load_jobs": "lightning_maxtp.pack",
@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from lightning_maxtp.batch_size import BatchSizePlan, find_batch_size
     from lightning_maxtp.callbacks import BottleneckMonitor, MaxThroughputCallback, StepClock
     from lightning_maxtp.inference import BatchInferencePool
+    from lightning_maxtp.knobs.advisor import diagnose
     from lightning_maxtp.loader import LoaderPlan, apply_loader_plan, tune_dataloader
     from lightning_maxtp.observe import (
         BottleneckKind,
@@ -97,7 +98,6 @@ if TYPE_CHECKING:
         Recommendation,
         ThroughputReport,
         Window,
-        diagnose,
     )
     from lightning_maxtp.pack import JobSpec, PackResult, load_jobs, plan_pack, run_jobs
     from lightning_maxtp.resources import Resources, inspect_resources

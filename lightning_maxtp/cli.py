@@ -83,7 +83,7 @@ def _cuda_ready() -> bool:
 def _cmd_triage(args: argparse.Namespace) -> int:
     import psutil
 
-    from lightning_maxtp.observe.triage import triage
+    from lightning_maxtp.triage import triage
 
     try:
         result = triage(args.duration, args.pid, interval_s=args.interval)

@@ -125,7 +125,7 @@ def _measure_peak(**kw: Any) -> None:
 
 
 def _triage(**kw: Any) -> None:
-    from lightning_maxtp.observe.triage import triage
+    from lightning_maxtp.triage import triage
 
     triage(**kw)
 

@@ -30,7 +30,7 @@ LAYERS = {
     "tuning": 6,
     "callbacks": 7,
     "bench": 8,
-    "__init__": 9, "cli": 9, "_register": 9,
+    "__init__": 9, "cli": 9, "_register": 9, "triage": 9,
 }  # fmt: skip
 SUBPACKAGES = sorted(k for k in LAYERS if (PACKAGE / k).is_dir())
 LONG_MODULE_LINES = 500
@@ -100,7 +100,9 @@ def test_every_module_belongs_to_a_layer_and_a_long_one_says_why() -> None:
         f"where a name helps, or say why it is one idea): {unexplained}"
     )
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__.py", "_checks.py", "_log.py", "_register.py", "_units.py", "cli.py"]
+    assert top == [
+        "__init__.py", "_checks.py", "_log.py", "_register.py", "_units.py", "cli.py", "triage.py"
+    ]  # fmt: skip
 
 
 def test_imports_point_down_the_layers() -> None:
@@ -225,6 +227,39 @@ def test_tuning_is_pure() -> None:
             # same (tests/tuning/test_tuning_loop.py holds that property).
             clock = [n for n in names if n == "time" or n.startswith("time.")]
             assert not clock, f"{module} imports {clock}: take `now` as an argument"
+
+
+NAMES_THE_KNOBS = ("observe", "tuning", "callbacks", "bench", "__init__")
+"""The loop, its diagnosis, advice and report, and the top level: none spells a knob's name. The
+stages below the knobs (``loader``, ``batch_size``, ``inference``...) spell torch's DataLoader
+and Lightning's own arguments, which the knobs wrap, not the knobs."""
+
+
+def test_no_module_outside_knobs_tests_or_recommends_a_knob_by_its_name() -> None:
+    # A knob renamed, added or removed changes knobs/ only: the loop, the diagnosis, the report
+    # and triage never compare a value with a knob's name nor recommend one spelled out (they
+    # read the registry's sets, the knob classes' ``name``, or an ``Advisor``'s answer).
+    from lightning_maxtp.knobs.registry import KNOBS, SETTINGS
+
+    names = {k.name for k in (*KNOBS, *SETTINGS)}
+
+    def spelled(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+
+    found = []
+    for module, path in MODULES.items():
+        if _stage(module) not in NAMES_THE_KNOBS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                hits = [n for side in (node.left, *node.comparators) for n in spelled(side)]
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Recommendation"):
+                hits = spelled(node.args[0]) if node.args else []
+            else:
+                continue
+            found += [f"{module}:{node.lineno}: {name!r}" for name in hits]
+    assert not found, found
 
 
 @pytest.mark.parametrize("subpackage", [p for p in SUBPACKAGES if p != "callbacks"])

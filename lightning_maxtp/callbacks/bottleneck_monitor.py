@@ -26,10 +26,11 @@ from lightning_maxtp.callbacks.monitor_defaults import MONITOR
 from lightning_maxtp.callbacks.ranks import RankSpread
 from lightning_maxtp.callbacks.report_files import write_report_files
 from lightning_maxtp.callbacks.step_clock import StepClock
+from lightning_maxtp.knobs.advisor import diagnose
 from lightning_maxtp.knobs.registry import LOADER_SETTINGS
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe.capture import CAPTURE_MODES, CaptureMode, KernelCapture
-from lightning_maxtp.observe.diagnosis import Diagnosis, diagnose, needs_capture
+from lightning_maxtp.observe.diagnosis import Diagnosis, needs_capture
 from lightning_maxtp.observe.report import ThroughputReport
 from lightning_maxtp.observe.status import remove_status, write_status
 from lightning_maxtp.observe.syncs import SyncCount, SyncCounter

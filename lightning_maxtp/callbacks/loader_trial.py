@@ -50,7 +50,7 @@ def search_floor_s(window: Window) -> float:
     main process's loading measured while the step waited). A budget below this would end the
     search before a worker setting is measured in full, and training would wait for nothing.
     """
-    from lightning_maxtp.observe.recommend_loader import loader_rates
+    from lightning_maxtp.observe.shares import loader_rates
 
     rate = loader_rates(window)[1]
     if rate <= 0 or not window.samples:

@@ -5,8 +5,10 @@ set, the order per bottleneck and the device-limited set are derived from it), a
 ``SETTINGS``, the fit's own settings (the train loader's, the main threads': ``setting``),
 tried when the diagnosis recommends a value. Each knob reads, offers, applies and restores its
 value on a running fit (``base.FitView``); ``callbacks.math_knobs.MathKnobs`` and
-``callbacks.knobs.Knobs`` hold one instance of each per fit. Importing it imports neither
-torch nor lightning.
+``callbacks.knobs.Knobs`` hold one instance of each per fit. ``advice`` and ``advice_loader``
+say what to change for each finding of the diagnosis, naming each knob by its class, and
+``advisor`` hands them to it (``advisor.diagnose``). Importing it imports neither torch nor
+lightning.
 """
 
 from lightning_maxtp.knobs.base import BaseKnob, FitView, Knob, NotOffered, Offer

@@ -116,7 +116,7 @@ class Knob(Protocol):
     """One knob of the closed loop (see the module docstring); ``BaseKnob`` has the defaults."""
 
     name: ClassVar[str]
-    """The name ``allow`` takes, the trials and the report use, and the diagnosis recommends."""
+    """The name ``allow`` takes, the trials and the report use, and the advice recommends."""
     reason: ClassVar[str]
     """What it is tried for, in the words of a trial's reason."""
     changes: ClassVar[str]

@@ -19,14 +19,33 @@ from typing_extensions import override
 
 from lightning_maxtp._compat.torch_modules import cpu_bf16_kernels, steps_with_amp_scaling
 from lightning_maxtp.knobs.base import BaseKnob, FitView, NotOffered, Offer
-from lightning_maxtp.observe.recommend import bf16_native
 
-__all__ = ["CPU_BF16_ENV", "Precision", "cpu_bf16"]
+__all__ = ["BF16_CAPABILITY", "CPU_BF16_ENV", "Precision", "bf16_native", "cpu_bf16"]
 
 log = logging.getLogger(__name__)
 
 _WARNED: set[str] = set()
 """Bad values of ``CPU_BF16_ENV`` already warned about."""
+
+
+BF16_CAPABILITY = (8, 0)
+"""The compute capability from which a CUDA device has bf16 in hardware (Ampere on); below it
+torch emulates bf16, slower than fp16 with a grad scaler."""
+
+
+def bf16_native(compute_capability: str | None) -> bool:
+    """Whether a CUDA device of this compute capability (``"8.0"``) has bf16 in hardware.
+
+    The one bf16 rule: the knob's proposal and the diagnosis's recommendation
+    (``knobs.advice.precision``) both read it. ``None`` or unreadable: no.
+    """
+    if compute_capability is None:
+        return False
+    try:
+        major, minor = (int(part) for part in compute_capability.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= BF16_CAPABILITY
 
 
 CPU_BF16_ENV = "LIGHTNING_MAXTP_CPU_BF16"

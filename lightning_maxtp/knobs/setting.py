@@ -5,7 +5,8 @@ The train loader's settings (``loader_settings``) and the main process's intra-o
 needs to know of them declared here instead of tested by name: who holds the setting (the
 loader switches at its next batch boundary, the process at once), whether it means anything
 without workers, and which one counts the workers (the user's ``max_workers`` caps it). The
-diagnosis recommends them by name from the job model, so they offer nothing of their own.
+advice (``advice``) recommends their values from the job model, so they offer nothing of their
+own.
 """
 
 from __future__ import annotations

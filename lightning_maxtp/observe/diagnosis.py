@@ -2,7 +2,8 @@
 
 Pure: plain data in (``Window``), plain data out; no torch. Each rule reads shares of the step
 or of the sampling period (thresholds and their sources in ``thresholds``) and returns the
-measured numbers that triggered it plus concrete recommendations (``recommend``). On a CPU
+measured numbers that triggered it plus concrete recommendations, asked of an ``Advisor``
+(``recommendation``; the knobs' is ``knobs.advisor.ADVICE``): the diagnosis names no knob. On a CPU
 device only the kinds that exist there are considered: data_pipeline, storage, compute, and
 host_overhead made of garbage collections.
 """
@@ -13,13 +14,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from lightning_maxtp.observe import recommend as rec
-from lightning_maxtp.observe import recommend_loader as loader_rec
 from lightning_maxtp.observe import thresholds as th
-from lightning_maxtp.observe.recommend import Recommendation
+from lightning_maxtp.observe.recommendation import Advisor, Recommendation
+from lightning_maxtp.observe.shares import host_cpu, loader_rates
 from lightning_maxtp.observe.window import Window
 
-__all__ = ["BottleneckKind", "Diagnosis", "Recommendation", "diagnose", "needs_capture"]
+__all__ = [
+    "Advisor",
+    "BottleneckKind",
+    "Diagnosis",
+    "Recommendation",
+    "diagnose",
+    "needs_capture",
+]
 
 
 class BottleneckKind(str, Enum):
@@ -97,7 +104,7 @@ def _loader_busy(w: Window) -> float | None:
     return busy / min(1.0, max(0.2, granted))
 
 
-def _data_side(w: Window) -> list[Diagnosis]:
+def _data_side(w: Window, advisor: Advisor) -> list[Diagnosis]:
     share = w.data_wait_share
     if share <= th.DATA_WAIT_SHARE:
         return []
@@ -121,7 +128,7 @@ def _data_side(w: Window) -> list[Diagnosis]:
         dp, st = 0.9, (0.6 if io_high else 0.4)
     else:
         dp, st = (0.6, 0.9) if io_high else (0.85, 0.6)
-    device_rate, loader_rate = loader_rec.loader_rates(w)
+    device_rate, loader_rate = loader_rates(w)
     speedup = device_rate / loader_rate if loader_rate > 0 else None
     evidence = {
         "data_wait_share": _r(share),
@@ -148,7 +155,7 @@ def _data_side(w: Window) -> list[Diagnosis]:
             base * dp,
             f"data wait {share:.0%} of step, loader CPU-busy ({busy_txt} of a core){need}{rates}",
             evidence,
-            tuple(loader_rec.data_pipeline(w)),
+            tuple(advisor.data_pipeline(w)),
         ),
         Diagnosis(
             BottleneckKind.STORAGE,
@@ -156,7 +163,7 @@ def _data_side(w: Window) -> list[Diagnosis]:
             f"data wait {share:.0%} of step while the loader is idle ({busy_txt} of a "
             f"core), I/O wait {_pct(iowait)}{need}",
             evidence,
-            tuple(loader_rec.storage(w)),
+            tuple(advisor.storage(w)),
         ),
     ]
 
@@ -165,7 +172,7 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0f} %"
 
 
-def _compute(w: Window) -> list[Diagnosis]:
+def _compute(w: Window, advisor: Advisor) -> list[Diagnosis]:
     if w.data_wait_share > th.DATA_WAIT_SHARE:
         return []
     ctx, util = w.context, w.sampler.mean_gpu_util
@@ -198,14 +205,14 @@ def _compute(w: Window) -> list[Diagnosis]:
         "samples_per_s": _r(w.samples_per_s, 1),
         "memory_peak_share": _r(w.memory_share),
     }
-    recs = rec.compute(w)
+    recs = advisor.compute(w)
     if not recs:
         return []  # at the device's limit with every compute knob already in use: healthy
     summary = f"{what}, data wait {w.data_wait_share:.0%}: the device is the limit"
     return [Diagnosis(BottleneckKind.COMPUTE, conf, summary, evidence, tuple(recs))]
 
 
-def _loader_model(w: Window) -> list[Diagnosis]:
+def _loader_model(w: Window, advisor: Advisor) -> list[Diagnosis]:
     """The job model predicts a worker count much faster than the one in force, either way.
 
     More workers: the loader limits the job (``data_pipeline``), even with little data wait
@@ -216,9 +223,10 @@ def _loader_model(w: Window) -> list[Diagnosis]:
     """
     if w.data_wait_share >= th.DATA_WAIT_SHARE_STRONG:
         return []  # the data side names it, with the same modelled recommendation
-    found = rec.modelled_workers(w)
-    if not isinstance(found, Recommendation) or (found.expected_gain or 0) < th.MODEL_GAIN:
+    recs = tuple(advisor.modelled(w))
+    if not recs or (recs[0].expected_gain or 0) < th.MODEL_GAIN:
         return []
+    found = recs[0]
     gain = found.expected_gain or 0.0
     more = int(found.proposed) > int(found.current)
     kind = BottleneckKind.DATA_PIPELINE if more else BottleneckKind.COMPUTE
@@ -226,11 +234,10 @@ def _loader_model(w: Window) -> list[Diagnosis]:
     change = f"{found.knob} {found.current} -> {found.proposed}"
     summary = f"the job model predicts {gain:+.0%} from {change}"
     evidence = {"predicted_gain": _r(gain), "samples_per_s": _r(w.samples_per_s, 1)}
-    recs = (found, *([] if more else rec.leaner_loader(w)))
     return [Diagnosis(kind, conf, summary, evidence, recs)]
 
 
-def _vram(w: Window) -> list[Diagnosis]:
+def _vram(w: Window, advisor: Advisor) -> list[Diagnosis]:
     s = w.sampler
     peak = w.memory_share
     # Memory at the ceiling outranks the other findings: it blocks their knobs (a larger
@@ -249,7 +256,7 @@ def _vram(w: Window) -> list[Diagnosis]:
         f"device memory at {_pct(None if peak is None else peak * 100)} of total, "
         f"{s.alloc_retries} allocator retries, {s.ooms} OOMs in the window"
     )
-    return [Diagnosis(BottleneckKind.VRAM, conf, summary, evidence, tuple(rec.vram(w)))]
+    return [Diagnosis(BottleneckKind.VRAM, conf, summary, evidence, tuple(advisor.vram(w)))]
 
 
 def needs_capture(window: Window) -> bool:
@@ -268,7 +275,7 @@ def needs_capture(window: Window) -> bool:
     )
 
 
-def _gpu_idle(w: Window) -> list[Diagnosis]:
+def _gpu_idle(w: Window, advisor: Advisor) -> list[Diagnosis]:
     util, cap = w.sampler.mean_gpu_util, w.capture
     if w.context.device_type != "cuda" or util is None or util >= th.GPU_UTIL_LOW:
         return []
@@ -301,7 +308,7 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
             launch_conf,
             f"GPU busy only {util:.0f} %, main thread at {_pct(main)} of a core: many tiny kernels",
             evidence,
-            tuple(rec.kernel_launch(w)),
+            tuple(advisor.kernel_launch(w)),
             needs_capture(w),
         ),
         Diagnosis(
@@ -309,7 +316,7 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
             host_conf,
             f"GPU busy only {util:.0f} %: gaps between kernels from syncs or pageable copies",
             evidence,
-            tuple(rec.host_overhead(w)),
+            tuple(advisor.host_overhead(w)),
             needs_capture(w),
         ),
     ]
@@ -321,13 +328,13 @@ def _gpu_idle(w: Window) -> list[Diagnosis]:
                 f"GPU busy only {util:.0f} % and the host is not busy either "
                 f"({_pct(main)} of a core): too little work for this GPU",
                 evidence,
-                tuple(rec.under_occupied(w)),
+                tuple(advisor.under_occupied(w)),
             )
         )
     return out
 
 
-def _collections(w: Window) -> list[Diagnosis]:
+def _collections(w: Window, advisor: Advisor) -> list[Diagnosis]:
     """Python's garbage collector takes a measurable share of the step (any device)."""
     gc = w.gc
     if gc is None or gc.share <= th.GC_SHARE:
@@ -347,14 +354,15 @@ def _collections(w: Window) -> list[Diagnosis]:
         f"garbage collection takes {gc.share:.0%} of step time ({gc.count} collections, "
         f"{gc.gen2} full, longest {gc.longest_s * 1e3:.1f} ms){slow}"
     )
-    # On a GPU host the host_overhead recommendations (the gc knob first); on a CPU only the knob.
-    recs = tuple(rec.host_overhead(w) if w.context.device_type == "cuda" else rec.collections(w))
+    # On a GPU host the host_overhead recommendations (collections first); on a CPU only those.
+    cuda = w.context.device_type == "cuda"
+    recs = tuple(advisor.host_overhead(w) if cuda else advisor.collections(w))
     return [Diagnosis(BottleneckKind.HOST_OVERHEAD, 0.5 + 0.47 * strength, summary, evidence, recs)]
 
 
 def _host_cpu_evidence(w: Window) -> dict[str, Any]:
     """How busy a GPU host's CPUs are and who uses them (``{}`` off CUDA or unmeasured)."""
-    busy = rec.host_cpu(w)
+    busy = host_cpu(w)
     if busy is None:
         return {}
     system, own, others = busy
@@ -365,13 +373,13 @@ def _host_cpu_evidence(w: Window) -> dict[str, Any]:
     }
 
 
-def _busy_host(w: Window) -> list[Diagnosis]:
+def _busy_host(w: Window, advisor: Advisor) -> list[Diagnosis]:
     """A GPU host's CPUs over ``HOST_CPU_BUSY``: kernel launches may wait for a core.
 
     Listed below the healthy threshold unless the GPU idles too (``_gpu_idle`` names that):
     busy CPUs alone slow a step only when its launches are late.
     """
-    busy = rec.host_cpu(w)
+    busy = host_cpu(w)
     if busy is None or busy[0] < th.HOST_CPU_BUSY:
         return []
     system, own, others = busy
@@ -381,13 +389,13 @@ def _busy_host(w: Window) -> list[Diagnosis]:
         f"{own:.1f} cores, other processes {others:.1f}): mostly {who}; kernel launches may "
         "wait for a core"
     )
-    recs = [r for r in (rec.fewer_workers(w),) if r is not None]
+    recs = advisor.busy_host(w)
     return [
         Diagnosis(BottleneckKind.HOST_OVERHEAD, 0.4, summary, _host_cpu_evidence(w), tuple(recs))
     ]
 
 
-def _unused_gpus(w: Window) -> list[Diagnosis]:
+def _unused_gpus(w: Window, advisor: Advisor) -> list[Diagnosis]:
     free = w.context.unused_free_gpus
     if not free:
         return []
@@ -397,13 +405,18 @@ def _unused_gpus(w: Window) -> list[Diagnosis]:
     evidence = {"unused_free_gpus": list(free), "world_size": w.context.world_size}
     return [
         Diagnosis(
-            BottleneckKind.UNDER_OCCUPIED, 0.9, summary, evidence, tuple(rec.under_occupied(w))
+            BottleneckKind.UNDER_OCCUPIED, 0.9, summary, evidence, tuple(advisor.under_occupied(w))
         )
     ]
 
 
-def diagnose(window: Window) -> list[Diagnosis]:
+def diagnose(window: Window, advisor: Advisor) -> list[Diagnosis]:
     """Name what limits the steps in ``window``, most confident first.
+
+    Args:
+        window: The steps to judge.
+        advisor: What to change for each finding (the knobs' is ``knobs.advisor.ADVICE``;
+            ``knobs.advisor.diagnose`` and ``lightning_maxtp.diagnose`` pass it).
 
     Returns:
         Findings ordered by confidence; ``healthy`` is included when no finding reaches
@@ -413,13 +426,18 @@ def diagnose(window: Window) -> list[Diagnosis]:
     if window.steps < th.MIN_STEPS:
         return []
     found = [
-        *_data_side(window),
-        *_compute(window),
-        *_collections(window),
-        *_loader_model(window),
+        *_data_side(window, advisor),
+        *_compute(window, advisor),
+        *_collections(window, advisor),
+        *_loader_model(window, advisor),
     ]
     if window.context.device_type == "cuda":
-        found += [*_vram(window), *_gpu_idle(window), *_busy_host(window), *_unused_gpus(window)]
+        found += [
+            *_vram(window, advisor),
+            *_gpu_idle(window, advisor),
+            *_busy_host(window, advisor),
+            *_unused_gpus(window, advisor),
+        ]
     found = _merge(found)
     top = max((d.confidence for d in found), default=0.0)
     if top < th.HEALTHY_BELOW:

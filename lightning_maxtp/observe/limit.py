@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_maxtp.observe.flops import Utilization, share_text
-from lightning_maxtp.observe.recommend_loader import loader_rates
+from lightning_maxtp.observe.shares import loader_rates
 from lightning_maxtp.observe.window import Window, combined_rate
 
 __all__ = ["DATA_KINDS", "Limit", "distance"]

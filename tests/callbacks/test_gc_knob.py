@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_maxtp import MaxThroughputCallback
+from lightning_maxtp.knobs.advisor import diagnose
 from lightning_maxtp.knobs.gc_freeze import GEN0_THRESHOLD
-from lightning_maxtp.observe.diagnosis import diagnose
 from tests.helpers.models import MatmulModel
 
 

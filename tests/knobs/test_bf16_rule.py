@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_maxtp.knobs.precision import Precision
-from lightning_maxtp.observe.recommend import bf16_native, precision
+from lightning_maxtp.knobs.advice import precision
+from lightning_maxtp.knobs.precision import Precision, bf16_native
 from lightning_maxtp.observe.window import JobContext
 
 

@@ -16,11 +16,9 @@ from typing import Any, get_args
 
 import pytest
 
-from lightning_maxtp.callbacks.knobs import THREADS
 from lightning_maxtp.callbacks.max_throughput import MaxThroughputCallback
 from lightning_maxtp.knobs import registry
 from lightning_maxtp.knobs.base import BaseKnob
-from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import BottleneckKind
 from lightning_maxtp.observe.limit import DATA_KINDS
 from lightning_maxtp.tuning.allow import Allow, math_knobs_for, resolve_allow
@@ -185,25 +183,35 @@ def test_the_allow_docstrings_point_to_the_registry_instead_of_listing_it() -> N
         assert not listed, f"knob names listed by hand: {sorted(listed)}"
 
 
-def _recommended_names() -> set[str]:
-    names = set()
-    for path in (ROOT / "lightning_maxtp" / "observe").glob("*.py"):
+def _recommended_names() -> tuple[set[str], set[str]]:
+    """What the advice and triage recommend: ``(names spelled out, knob classes named)``."""
+    spelled, classes = set(), set()
+    paths = [*(ROOT / "lightning_maxtp" / "knobs").glob("advice*.py")]
+    for path in [*paths, ROOT / "lightning_maxtp" / "triage.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
+            if not (
                 isinstance(node, ast.Call)
                 and getattr(node.func, "id", "") == "Recommendation"
                 and node.args
-                and isinstance(node.args[0], ast.Constant)
             ):
-                names.add(node.args[0].value)
-    return names
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant):
+                spelled.add(first.value)
+            else:
+                assert isinstance(first, ast.Attribute) and first.attr == "name", ast.unparse(first)
+                classes.add(ast.unparse(first.value))
+    return spelled, classes
 
 
-def test_the_diagnosis_recommends_knobs_by_their_registry_names() -> None:
-    names = _recommended_names()
-    assert {"precision", "compile", "num_workers"} <= names  # the scan finds them
-    unknown = names - set(registry.MATH_KNOBS) - set(LOADER_KNOBS) - {THREADS} - ADVICE
-    assert not unknown, f"recommended under a name no knob has: {unknown}"
+def test_the_advice_recommends_knobs_by_their_classes_and_spells_out_only_advice() -> None:
+    # A knob is recommended by its class's name (renaming it renames the recommendation); a
+    # name spelled out is advice no knob carries out, never a knob's.
+    spelled, classes = _recommended_names()
+    assert {"Precision", "Compile", "NumWorkers"} <= classes  # the scan finds them
+    known = {k.__name__ for k in (*registry.KNOBS, *registry.SETTINGS)}
+    assert classes <= known, f"recommended under a class no registry line has: {classes - known}"
+    assert spelled == ADVICE, f"spelled-out recommendations: {sorted(spelled ^ ADVICE)}"
 
 
 def test_the_docs_setting_table_is_rendered_from_each_settings_attributes() -> None:

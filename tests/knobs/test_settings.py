@@ -16,7 +16,7 @@ from lightning_maxtp.knobs import registry
 from lightning_maxtp.knobs.base import FitView, NotOffered
 from lightning_maxtp.loader.candidate import LOADER_KNOBS
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis
-from lightning_maxtp.observe.recommend import Recommendation
+from lightning_maxtp.observe.recommendation import Recommendation
 from lightning_maxtp.observe.window import JobContext
 from lightning_maxtp.tuning.trials import next_change, remaining
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from lightning_maxtp.knobs.advisor import diagnose
 from lightning_maxtp.observe import CaptureSummary, JobContext, SamplerSeries, Window
 from lightning_maxtp.observe.data_path import DataFacts
-from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, diagnose, needs_capture
-from lightning_maxtp.observe.recommend import Recommendation
+from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, needs_capture
+from lightning_maxtp.observe.recommendation import Recommendation
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -336,7 +337,7 @@ def test_to_dict_is_json_and_str_lists_recommendations() -> None:
 
 def test_diagnosis_imports_no_torch() -> None:
     code = (
-        "import sys\nfrom lightning_maxtp.observe.diagnosis import diagnose\n"
+        "import sys\nfrom lightning_maxtp.knobs.advisor import diagnose\n"
         "import lightning_maxtp.observe.window, lightning_maxtp.observe.report\n"
         "print([m for m in ('torch', 'lightning') if m in sys.modules])\n"
     )

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from lightning_maxtp.knobs.advisor import diagnose
 from lightning_maxtp.observe import JobContext, SamplerSeries
-from lightning_maxtp.observe.diagnosis import BottleneckKind, diagnose
+from lightning_maxtp.observe.diagnosis import BottleneckKind
 from lightning_maxtp.observe.gc_pauses import GcSummary
 from lightning_maxtp.observe.sampler import NvmlSource, build_series
 from lightning_maxtp.observe.syncs import SyncCount

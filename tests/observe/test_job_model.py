@@ -274,7 +274,7 @@ def test_workers_that_restart_every_short_epoch_are_made_persistent() -> None:
 
 
 def test_a_new_worker_count_the_model_ranks_best_persistent_is_tried_persistent() -> None:
-    from lightning_maxtp.observe.recommend import modelled_workers
+    from lightning_maxtp.knobs.advice import modelled_workers
 
     # Restarted at every 12-step epoch, the 2 workers the model ranks best would not give the
     # gain it predicts for them persistent: one trial moves both.

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from lightning_maxtp.callbacks import StepClock
-from lightning_maxtp.observe import BottleneckKind, Diagnosis, Window, diagnose
+from lightning_maxtp.knobs.advice import modelled_workers
+from lightning_maxtp.knobs.advisor import diagnose
+from lightning_maxtp.observe import BottleneckKind, Diagnosis, Window
 from lightning_maxtp.observe.job_model import JobModel
-from lightning_maxtp.observe.recommend import Recommendation, modelled_workers
+from lightning_maxtp.observe.recommendation import Recommendation
 from tests.helpers import planted
 
 

@@ -17,8 +17,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_maxtp.callbacks import BottleneckMonitor
+from lightning_maxtp.knobs.advisor import diagnose
 from lightning_maxtp.observe import JobContext, KnobChange, SamplerSeries, ThroughputReport, Window
-from lightning_maxtp.observe.diagnosis import diagnose
 from tests.helpers import planted
 
 

@@ -1,4 +1,4 @@
-"""Recommendations for the loader's bottleneck kinds (``data_pipeline``, ``storage``).
+"""The knobs' recommendations for the loader's bottleneck kinds (``data_pipeline``, ``storage``).
 
 Workers are sized by the job model (``job_model``): the count it predicts finishes soonest, with
 the gain it predicts, whether that is more workers or fewer. Without a model (the loader's cost
@@ -12,51 +12,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from lightning_maxtp.knobs.advice import main_threads, modelled_workers, num_workers_change
+from lightning_maxtp.knobs.loader_settings import PersistentWorkers, PrefetchFactor
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.data_path import DataFacts, advise_data_path
 from lightning_maxtp.observe.job_model import JobModel
-from lightning_maxtp.observe.recommend import (
-    Recommendation,
-    main_threads,
-    modelled_workers,
-    num_workers_change,
-    workers_of,
-)
+from lightning_maxtp.observe.recommendation import Recommendation
+from lightning_maxtp.observe.shares import loader_rates, step_takes_cores, workers_of
 from lightning_maxtp.observe.window import JobContext, Window
 
-__all__ = ["PREFETCH_MARGIN", "data_pipeline", "loader_rates", "step_takes_cores", "storage"]
+__all__ = ["PREFETCH_MARGIN", "data_pipeline", "storage"]
 
 PREFETCH_MARGIN = 1.2
 """Workers that deliver at least this many times what the step takes keep up on average: a
 wait they leave is variation, which a deeper prefetch absorbs."""
-
-
-def loader_rates(window: Window) -> tuple[float, float]:
-    """(rate the device could consume, rate the loader delivers), samples/s.
-
-    With 0 workers the loader runs only while the step waits, so its own rate is samples over
-    the waiting time; with workers it runs alongside and delivers what the job gets.
-    """
-    device = window.device_samples_per_s
-    wait = sum(window.data_wait_s)
-    if workers_of(window) == 0 and wait > 0:
-        return device, sum(window.samples) / wait
-    return device, window.samples_per_s
-
-
-def step_takes_cores(window: Window) -> bool:
-    """On a CPU device: whether the step computes on every core most of the time.
-
-    Its intra-op threads cover the cores this rank has, and it computes for more than
-    ``1 - DATA_WAIT_SHARE_STRONG`` of the window. Then a worker that loads with CPU work has
-    no core of its own: it takes the step's (measured on 2 CPUs: a ResNet-18 step waiting 13 %
-    for JPEG decoding in the main process, one worker changed the rate by -3 % to +4 %).
-    """
-    ctx = window.context
-    cpus, threads = ctx.cpus_per_rank, ctx.intra_op_threads
-    if ctx.device_type != "cpu" or cpus is None or threads is None:
-        return False
-    return threads >= cpus and window.data_wait_share < th.DATA_WAIT_SHARE_STRONG
 
 
 def _predicted(window: Window, rec: Recommendation) -> Recommendation:
@@ -111,7 +80,7 @@ def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommend
     if proposed > 0 and (ctx.prefetch_factor or 2) < 4:
         recs.append(
             Recommendation(
-                "prefetch_factor",
+                PrefetchFactor.name,
                 ctx.prefetch_factor or 2,
                 4,
                 "absorb batch-to-batch variation in load time",
@@ -121,7 +90,7 @@ def _loader_tail(ctx: JobContext, workers: int, proposed: int) -> list[Recommend
     if proposed > 0 and ctx.persistent_workers is False:
         recs.append(
             Recommendation(
-                "persistent_workers", False, True, "no worker restart at every epoch", True
+                PersistentWorkers.name, False, True, "no worker restart at every epoch", True
             )
         )
     return recs
@@ -213,7 +182,7 @@ def _variance_prefetch(window: Window, depth: int) -> list[Recommendation]:
         f"the {workers} workers deliver {delivers:.0f} samples/s on average, the step takes "
         f"{takes:.0f}, yet it waits {share:.0%} of the time: variation a deeper queue absorbs"
     )
-    rec = Recommendation("prefetch_factor", ctx.prefetch_factor or 2, depth, why, True)
+    rec = Recommendation(PrefetchFactor.name, ctx.prefetch_factor or 2, depth, why, True)
     return [dataclasses.replace(rec, expected_gain=round(share / (1 - share), 4))]
 
 
@@ -254,7 +223,11 @@ def storage(window: Window) -> list[Recommendation]:
     elif workers > 0 and (ctx.prefetch_factor or 2) < 8:
         recs.append(
             Recommendation(
-                "prefetch_factor", ctx.prefetch_factor or 2, 8, "deeper read-ahead per worker", True
+                PrefetchFactor.name,
+                ctx.prefetch_factor or 2,
+                8,
+                "deeper read-ahead per worker",
+                True,
             )
         )
     recs.append(

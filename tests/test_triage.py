@@ -17,7 +17,7 @@ import pytest
 
 from lightning_maxtp.cli import main
 from lightning_maxtp.observe import BottleneckKind
-from lightning_maxtp.observe.triage import classify, triage
+from lightning_maxtp.triage import classify, triage
 
 ROOT = Path(__file__).resolve().parents[2]
 

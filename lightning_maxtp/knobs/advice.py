@@ -1,7 +1,8 @@
-"""Concrete recommendations (values, not adjectives) for each bottleneck kind on the device.
+"""What to change for each bottleneck the diagnosis names: the knobs' recommendations.
 
-The loader's kinds (``data_pipeline``, ``storage``) and the main process's threads are in
-``recommend_loader``.
+Concrete values, not adjectives. The loader's kinds (``data_pipeline``, ``storage``) are in
+``advice_loader``; ``advisor.ADVICE`` hands both to the diagnosis, which names no knob itself.
+Knobs are named by their classes, so a renamed knob is renamed here too.
 
 ``auto_apply`` follows the knob tiers (``docs/knobs.md``): loader knobs and which GPUs are
 used are the same math; batch size, accumulation, precision and compile change the
@@ -12,59 +13,40 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from lightning_maxtp.knobs.batch_size import BatchSize
+from lightning_maxtp.knobs.compile import Compile
+from lightning_maxtp.knobs.gc_freeze import GcFreeze
+from lightning_maxtp.knobs.loader_settings import (
+    NumWorkers,
+    PersistentWorkers,
+    PinMemory,
+    PrefetchFactor,
+)
+from lightning_maxtp.knobs.precision import Precision, bf16_native
+from lightning_maxtp.knobs.threads import IntraOpThreads
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.job_model import JobModel
+from lightning_maxtp.observe.recommendation import Recommendation
+from lightning_maxtp.observe.shares import worker_cpu, workers_of
 from lightning_maxtp.observe.window import JobContext, Window
 
-
-@dataclass(frozen=True)
-class Recommendation:
-    """One concrete change: ``knob: current -> proposed (reason)``."""
-
-    knob: str
-    current: Any
-    proposed: Any
-    reason: str
-    auto_apply: bool
-    """True when the library may apply it by itself (same optimization math)."""
-    expected_gain: float | None = None
-    """The gain the job model (or a measurement of the loader alone) predicts for it (``None``:
-    none)."""
-    also: tuple[tuple[str, Any], ...] = ()
-    """Settings changed with it in the same trial, ``(knob, value)`` each: the workers'
-    persistence with their count, when the job model ranks the two together."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view."""
-        return {
-            "knob": self.knob,
-            "current": self.current,
-            "proposed": self.proposed,
-            "reason": self.reason,
-            "auto_apply": self.auto_apply,
-            "expected_gain": self.expected_gain,
-            "also": dict(self.also),
-        }
-
-    def __str__(self) -> str:
-        mode = "auto" if self.auto_apply else "opt-in"
-        return (
-            f"{self.knob}: {_fmt(self.current)} -> {_fmt(self.proposed)} ({self.reason}) [{mode}]"
-        )
-
-
-def _fmt(value: Any) -> str:
-    return "?" if value is None else str(value)
-
-
-def workers_of(window: Window) -> int:
-    """The window's DataLoader workers (its settings, else the worker processes counted)."""
-    if window.context.num_workers is not None:
-        return window.context.num_workers
-    return window.sampler.num_worker_processes
+__all__ = [
+    "batch_growth",
+    "collections",
+    "compute",
+    "fewer_workers",
+    "host_overhead",
+    "kernel_launch",
+    "leaner_loader",
+    "main_threads",
+    "modelled_workers",
+    "num_workers_change",
+    "precision",
+    "under_occupied",
+    "vram",
+]
 
 
 def num_workers_change(ctx: JobContext, workers: int, proposed: int, reason: str) -> Recommendation:
@@ -74,12 +56,12 @@ def num_workers_change(ctx: JobContext, workers: int, proposed: int, reason: str
     dataset splits it by ``get_worker_info()``.
     """
     if not ctx.iterable_dataset:
-        return Recommendation("num_workers", workers, proposed, reason, True)
+        return Recommendation(NumWorkers.name, workers, proposed, reason, True)
     condition = (
         "only if the IterableDataset splits its stream by "
         "torch.utils.data.get_worker_info(); otherwise every worker yields every sample"
     )
-    return Recommendation("num_workers", workers, proposed, f"{reason}; {condition}", False)
+    return Recommendation(NumWorkers.name, workers, proposed, f"{reason}; {condition}", False)
 
 
 def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[False] | None:
@@ -108,13 +90,15 @@ def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[
     reason += f", {gain:+.0%} over the settings in force ({choice.now.samples_per_s:.0f} measured)"
     if choice.workers == workers:
         restarts = f"no worker restart at every epoch ({model.epoch_cost_s or 0:.2f} s an epoch)"
-        rec = Recommendation("persistent_workers", persistent, True, f"{restarts}; {reason}", True)
+        rec = Recommendation(
+            PersistentWorkers.name, persistent, True, f"{restarts}; {reason}", True
+        )
     else:
         rec = num_workers_change(window.context, workers, choice.workers, reason)
         if choice.persistent and not persistent and choice.workers:
             # The gain is the persistent workers': restarted at every epoch they would not
             # give it (2 workers decoding JPEGs in 32-step epochs: +6-8 % against +47-52 %).
-            rec = dataclasses.replace(rec, also=(("persistent_workers", True),))
+            rec = dataclasses.replace(rec, also=((PersistentWorkers.name, True),))
     return dataclasses.replace(rec, expected_gain=round(gain, 4))
 
 
@@ -152,7 +136,7 @@ def main_threads(
         why = f"the step computes on {threads} of the {fits} CPUs its workers leave"
     else:
         return None
-    return Recommendation("intra_op_threads", threads, fits, why, True, expected_gain=gain)
+    return Recommendation(IntraOpThreads.name, threads, fits, why, True, expected_gain=gain)
 
 
 def fewer_workers(window: Window) -> Recommendation | None:
@@ -201,7 +185,7 @@ def fewer_workers(window: Window) -> Recommendation | None:
         )
     if proposed >= workers:
         return None
-    return Recommendation("num_workers", workers, proposed, f"{why}; kept only if faster", True)
+    return Recommendation(NumWorkers.name, workers, proposed, f"{why}; kept only if faster", True)
 
 
 def _modelled_fewer(window: Window, busy: float) -> Recommendation | Literal[False] | None:
@@ -211,25 +195,6 @@ def _modelled_fewer(window: Window, busy: float) -> Recommendation | Literal[Fal
     if isinstance(rec, Recommendation) and int(rec.proposed) >= workers_of(window):
         return None  # more workers is the loader's finding, not a compute-bound step's
     return rec
-
-
-def worker_cpu(window: Window) -> tuple[float, float | None] | None:
-    """``(cores, machine CPU %)`` when the loader's workers take CPU a compute-bound step could use.
-
-    On a CPU device: the workers use a quarter of a core or more (``WORKERS_TAKE_CORES``), or
-    the machine's CPUs are saturated. On a GPU host: they use that much and the host's CPUs
-    are over ``HOST_CPU_BUSY`` (the step's kernel launches wait for a core). ``None``
-    otherwise, and without workers or their CPU measured.
-    """
-    workers, mean = workers_of(window), window.sampler.mean_worker_cpu
-    if workers == 0 or mean is None:
-        return None
-    busy, system = mean / 100 * workers, window.sampler.mean_system_cpu
-    if window.context.device_type == "cpu":
-        saturated = system is not None and system >= th.SYSTEM_CPU_SATURATED
-        return (busy, system) if busy >= th.WORKERS_TAKE_CORES or saturated else None
-    host_busy = system is not None and system >= th.HOST_CPU_BUSY
-    return (busy, system) if busy >= th.WORKERS_TAKE_CORES and host_busy else None
 
 
 def leaner_loader(window: Window) -> list[Recommendation]:
@@ -250,43 +215,20 @@ def leaner_loader(window: Window) -> list[Recommendation]:
     recs = []
     if ctx.prefetch_factor is not None and ctx.prefetch_factor > 2:
         why = f"the loader keeps up; {using}: fewer batches queued; kept only if faster"
-        recs.append(Recommendation("prefetch_factor", ctx.prefetch_factor, 2, why, True))
+        recs.append(Recommendation(PrefetchFactor.name, ctx.prefetch_factor, 2, why, True))
     if ctx.pin_memory and ctx.device_type == "cuda":
         why = f"{using}: pinning copies every batch once more in the training process"
-        recs.append(Recommendation("pin_memory", True, False, f"{why}; kept only if faster", True))
+        recs.append(
+            Recommendation(PinMemory.name, True, False, f"{why}; kept only if faster", True)
+        )
     ram = window.sampler.available_ram_bytes
     if ctx.persistent_workers and ram and min(ram) < th.HOST_RAM_LOW_BYTES:
         why = (
             f"{min(ram) / 2**30:.1f} GiB of host RAM left; {using}: idle workers hold "
             "theirs between epochs; kept only if faster"
         )
-        recs.append(Recommendation("persistent_workers", True, False, why, True))
+        recs.append(Recommendation(PersistentWorkers.name, True, False, why, True))
     return recs
-
-
-BF16_CAPABILITY = (8, 0)
-"""The compute capability from which a CUDA device has bf16 in hardware (Ampere on); below it
-torch emulates bf16, slower than fp16 with a grad scaler."""
-
-
-def bf16_native(compute_capability: str | None) -> bool:
-    """Whether a CUDA device of this compute capability (``"8.0"``) has bf16 in hardware.
-
-    The one bf16 rule: the diagnosis's recommendation and the ``precision`` knob's proposal
-    both read it. ``None`` or unreadable: no.
-    """
-    if compute_capability is None:
-        return False
-    try:
-        major, minor = (int(part) for part in compute_capability.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= BF16_CAPABILITY
-
-
-def bf16_ok(ctx: JobContext) -> bool:
-    """Whether the job's GPU has bf16 in hardware (``bf16_native``)."""
-    return bf16_native(ctx.compute_capability)
 
 
 def precision(ctx: JobContext, why: str) -> Recommendation | None:
@@ -294,16 +236,16 @@ def precision(ctx: JobContext, why: str) -> Recommendation | None:
     if ctx.device_type != "cuda" or ctx.precision not in (None, "32", "32-true"):
         return None
     gpu = f"{ctx.gpu_name or 'GPU'}, compute capability {ctx.compute_capability or '?'}"
-    if bf16_ok(ctx):
+    if bf16_native(ctx.compute_capability):
         return Recommendation(
-            "precision",
+            Precision.name,
             ctx.precision or "32-true",
             "bf16-mixed",
             f"{gpu}, supports bf16; {why}",
             False,
         )
     return Recommendation(
-        "precision", ctx.precision or "32-true", "16-mixed", f"{gpu}, no bf16; {why}", False
+        Precision.name, ctx.precision or "32-true", "16-mixed", f"{gpu}, no bf16; {why}", False
     )
 
 
@@ -316,7 +258,7 @@ def batch_growth(window: Window) -> Recommendation | None:
     if factor < 2:
         return None
     return Recommendation(
-        "batch_size",
+        BatchSize.name,
         ctx.batch_size,
         ctx.batch_size * factor,
         f"VRAM {share:.0%} used; scale the learning rate with it",
@@ -336,7 +278,9 @@ def compute(window: Window) -> list[Recommendation]:
     recs += [batch_growth(window), precision(ctx, "tensor cores at 2x the fp32 rate")]
     if ctx.compiled is not True:
         recs.append(
-            Recommendation("compile", False, True, "torch.compile fuses elementwise kernels", False)
+            Recommendation(
+                Compile.name, False, True, "torch.compile fuses elementwise kernels", False
+            )
         )
     return [r for r in recs if r is not None]
 
@@ -380,7 +324,7 @@ def kernel_launch(window: Window) -> list[Recommendation]:
         used = "?" if share is None else f"{share:.0%}"
         recs.append(
             Recommendation(
-                "batch_size",
+                BatchSize.name,
                 ctx.batch_size,
                 ctx.batch_size * 4,
                 f"same launches, 4x the work each; VRAM {used} used",
@@ -408,7 +352,7 @@ def host_overhead(window: Window) -> list[Recommendation]:
         pageable = "" if cap is None else f"{cap.pageable_h2d_per_step:.1f} pageable copies/step; "
         recs.append(
             Recommendation(
-                "pin_memory",
+                PinMemory.name,
                 ctx.pin_memory,
                 True,
                 f"{pageable}pinned copies can overlap compute",
@@ -418,7 +362,7 @@ def host_overhead(window: Window) -> list[Recommendation]:
     if workers_of(window) > 0 and ctx.persistent_workers is False:
         recs.append(
             Recommendation(
-                "persistent_workers", False, True, "no worker restart at every epoch", True
+                PersistentWorkers.name, False, True, "no worker restart at every epoch", True
             )
         )
     syncs = window.syncs
@@ -451,24 +395,7 @@ def collections(window: Window) -> list[Recommendation]:
         f"{gc.count} collections ({gc.gen2} full) take {gc.share:.0%} of step time: freeze the "
         "long-lived objects, collect less often; kept only if faster"
     )
-    return [Recommendation("gc", False, True, why, True)]
-
-
-def host_cpu(window: Window) -> tuple[float, float, float] | None:
-    """A GPU host's CPUs in use: ``(machine %, cores this process and its workers use, others)``.
-
-    Others include the other ranks of a DDP job on this node.
-
-    ``None`` off CUDA, or without the machine's CPU or its core count measured.
-    """
-    ctx, s = window.context, window.sampler
-    system, cores = s.mean_system_cpu, ctx.host_cpus
-    if ctx.device_type != "cuda" or system is None or not cores:
-        return None
-    busy = system / 100 * cores
-    workers = s.worker_cpu_percent
-    own = ((s.mean_main_cpu or 0.0) + (sum(workers) / len(workers) if workers else 0.0)) / 100
-    return system, own, max(0.0, busy - own)
+    return [Recommendation(GcFreeze.name, False, True, why, True)]
 
 
 def under_occupied(window: Window) -> list[Recommendation]:

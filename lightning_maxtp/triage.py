@@ -6,7 +6,8 @@ the target user's file naming the target pid). Otherwise there is no step clock,
 wait is unknown: the class is read from what can be seen from outside (the seeds' quick
 triage): GPU utilization and memory (NVML), CPU of the process and of its children separately,
 I/O wait, and whether the main thread works or waits (``/proc``: a loop waiting on its workers'
-queue sleeps, even while its thread pools spin). No torch or lightning import.
+queue sleeps, even while its thread pools spin). No torch or lightning import. Beside the CLI,
+above ``observe`` and ``knobs``: what it recommends names the knobs by their classes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from typing import Any
 import psutil
 
 from lightning_maxtp._checks import SECONDS, refuse_bool
+from lightning_maxtp.knobs.batch_size import BatchSize
+from lightning_maxtp.knobs.compile import Compile
+from lightning_maxtp.knobs.loader_settings import NumWorkers
+from lightning_maxtp.knobs.precision import Precision
 from lightning_maxtp.observe import sampler as _sampler
 from lightning_maxtp.observe import thresholds as th
 from lightning_maxtp.observe.diagnosis import BottleneckKind, Diagnosis, Recommendation
@@ -130,7 +135,7 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
     iowait = ev.get("iowait_percent") or 0.0
     per_worker = wsum / workers / 100 if wsum is not None and workers else None
     more_workers = Recommendation(
-        "num_workers", int(workers or 0), max(cpu_budget, 1), "loader workers are CPU-busy", True
+        NumWorkers.name, int(workers or 0), max(cpu_budget, 1), "loader workers are CPU-busy", True
     )
     found: list[Diagnosis] = []
     if mem is not None and mem >= th.MEMORY_PEAK_SHARE:
@@ -153,7 +158,7 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
                 f"GPU busy {util:.0f} %",
                 ev,
                 Recommendation(
-                    "precision", "32-true", "bf16-mixed", "if not already; tensor cores", False
+                    Precision.name, "32-true", "bf16-mixed", "if not already; tensor cores", False
                 ),
             )
         )
@@ -187,7 +192,7 @@ def classify(evidence: dict[str, Any], cpu_budget: int = 1) -> list[Diagnosis]:
                     f"process at {main:.0f} % of a core: launches or syncs (run the "
                     "monitor's capture to tell which)",
                     ev,
-                    Recommendation("batch_size", "current", "4x", "fewer launches", False),
+                    Recommendation(BatchSize.name, "current", "4x", "fewer launches", False),
                 )
             )
         else:
@@ -230,7 +235,7 @@ def _waiting(ev: dict[str, Any]) -> Diagnosis | None:
             f"{waits} for {workers:.0f} workers busy at {per_worker:.0%} of a core each",
             ev,
             Recommendation(
-                "num_workers", int(workers), int(workers) * 2, "the workers cannot keep up", True
+                NumWorkers.name, int(workers), int(workers) * 2, "the workers cannot keep up", True
             ),
         )
     return _d(
@@ -239,7 +244,11 @@ def _waiting(ev: dict[str, Any]) -> Diagnosis | None:
         f"{waits}, on {workers:.0f} mostly idle workers: loading waits on reads",
         ev,
         Recommendation(
-            "num_workers", int(workers), 2 * int(workers), "more reads in flight hide latency", True
+            NumWorkers.name,
+            int(workers),
+            2 * int(workers),
+            "more reads in flight hide latency",
+            True,
         ),
     )
 
@@ -287,7 +296,7 @@ def _classify_cpu(
                 f"the process tree keeps {cores:.1f} cores busy",
                 ev,
                 Recommendation(
-                    "compile", False, True, "torch.compile, if it is a torch job", False
+                    Compile.name, False, True, "torch.compile, if it is a torch job", False
                 ),
             )
         ]

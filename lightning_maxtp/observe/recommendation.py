@@ -1,0 +1,107 @@
+"""What the diagnosis says to change: ``Recommendation``, and the ``Advisor`` that makes them.
+
+The diagnosis names what limits the steps and measures it; what to change for each finding is
+the knobs' to say (``knobs.advice``), so the diagnosis never spells a knob's name: it asks an
+``Advisor`` for the recommendations of each finding it names, in the order to try them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lightning_maxtp.observe.window import Window
+
+__all__ = ["Advisor", "Recommendation"]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One concrete change: ``knob: current -> proposed (reason)``."""
+
+    knob: str
+    current: Any
+    proposed: Any
+    reason: str
+    auto_apply: bool
+    """True when the library may apply it by itself (same optimization math)."""
+    expected_gain: float | None = None
+    """The gain the job model (or a measurement of the loader alone) predicts for it (``None``:
+    none)."""
+    also: tuple[tuple[str, Any], ...] = ()
+    """Settings changed with it in the same trial, ``(knob, value)`` each: the workers'
+    persistence with their count, when the job model ranks the two together."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view."""
+        return {
+            "knob": self.knob,
+            "current": self.current,
+            "proposed": self.proposed,
+            "reason": self.reason,
+            "auto_apply": self.auto_apply,
+            "expected_gain": self.expected_gain,
+            "also": dict(self.also),
+        }
+
+    def __str__(self) -> str:
+        mode = "auto" if self.auto_apply else "opt-in"
+        return (
+            f"{self.knob}: {_fmt(self.current)} -> {_fmt(self.proposed)} ({self.reason}) [{mode}]"
+        )
+
+
+def _fmt(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+class Advisor(Protocol):
+    """The recommendations for each finding of the diagnosis, in the order to try them.
+
+    ``knobs.advice.ADVICE`` is the knobs' (``diagnose`` there binds it); each method reads the
+    window the finding was named from. An empty answer is a finding with nothing to change.
+    """
+
+    def data_pipeline(self, window: Window) -> Sequence[Recommendation]:
+        """The loader cannot keep up: what makes it faster."""
+        ...
+
+    def storage(self, window: Window) -> Sequence[Recommendation]:
+        """The loader waits on reads: what puts more in flight or reads less."""
+        ...
+
+    def compute(self, window: Window) -> Sequence[Recommendation]:
+        """The device is the limit: what gives the step more of it (none: healthy)."""
+        ...
+
+    def modelled(self, window: Window) -> Sequence[Recommendation]:
+        """The job model's change of the loader's workers, first, then what goes with it.
+
+        Empty without a model, or when it predicts nothing beats the settings in force.
+        """
+        ...
+
+    def vram(self, window: Window) -> Sequence[Recommendation]:
+        """Device memory at the ceiling: what needs less of it."""
+        ...
+
+    def kernel_launch(self, window: Window) -> Sequence[Recommendation]:
+        """Many tiny kernels: what makes fewer, larger ones."""
+        ...
+
+    def host_overhead(self, window: Window) -> Sequence[Recommendation]:
+        """Gaps between kernels (syncs, copies, collections): what removes them."""
+        ...
+
+    def collections(self, window: Window) -> Sequence[Recommendation]:
+        """Python's garbage collector takes a share of the step: what collects less."""
+        ...
+
+    def busy_host(self, window: Window) -> Sequence[Recommendation]:
+        """A GPU host's CPUs are busy: what this job can give back."""
+        ...
+
+    def under_occupied(self, window: Window) -> Sequence[Recommendation]:
+        """Too little work for the device: what gives it more."""
+        ...
