@@ -5,7 +5,8 @@ Layers, lowest first: the leaf helpers (``_units``, ``_log``), ``resources`` (th
 ``observe`` (windows, diagnosis, report), the stages built on them (``loader``, ``batch_size``,
 ``strategy``, ``pack``, ``inference``), ``data``, ``knobs`` (one module per knob), ``tuning``
 (the loop's decisions, pure), ``callbacks`` (the Lightning glue), ``bench``
-(which times jobs with the callback), then the top level (``__init__``, ``cli``, ``_register``).
+(which times jobs with the callback), then the top level (``__init__``, ``cli``, ``triage``,
+``_register``).
 A module imports its own subpackage or lower layers only, at module level or inside a function;
 imports under ``TYPE_CHECKING`` are free.
 """
@@ -230,36 +231,78 @@ def test_tuning_is_pure() -> None:
 
 
 NAMES_THE_KNOBS = ("observe", "tuning", "callbacks", "bench", "__init__")
-"""The loop, its diagnosis, advice and report, and the top level: none spells a knob's name. The
-stages below the knobs (``loader``, ``batch_size``, ``inference``...) spell torch's DataLoader
-and Lightning's own arguments, which the knobs wrap, not the knobs."""
+"""The loop, its diagnosis and report, ``maxtp bench``, triage and the rest of the top level:
+none spells a knob's name. The stages below the knobs (``loader``, ``batch_size``,
+``inference``...) spell torch's DataLoader and Lightning's own arguments, which the knobs wrap,
+not the knobs; the knobs' advice is in ``knobs/`` and names each knob by its class."""
+
+NOT_THE_KNOB = {
+    ("lightning_maxtp.observe.window", "tf32"): "the TF32 dtype of a measured peak",
+    ("lightning_maxtp.observe.report_rows", "gc"): "a window's garbage-collection measurements",
+}
+"""Strings there that equal a knob's name and mean something else."""
+
+
+def _knob_names_spelled(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` compares with, looks up or recommends a knob by its name spelled out.
+
+    Comparisons (``==``, ``in``, either side, tuples and sets too), subscripts and ``.get``
+    with a name, and a ``Recommendation`` whose knob (positional or ``knob=``) or ``also``
+    spells one.
+    """
+
+    def spelled(node: ast.AST | None) -> list[str]:
+        if node is None:
+            return []
+        return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names]
+
+    found = []
+    for node in ast.walk(tree):
+        hits: list[str] = []
+        if isinstance(node, ast.Compare):
+            hits = [n for side in (node.left, *node.comparators) for n in spelled(side)]
+        elif isinstance(node, ast.Subscript):
+            hits = spelled(node.slice)
+        elif isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if func.endswith("Recommendation"):
+                parts = [
+                    *node.args[:1],
+                    *(k.value for k in node.keywords if k.arg in ("knob", "also")),
+                ]
+                hits = [n for part in parts for n in spelled(part)]
+            elif func.endswith(".get") and node.args:
+                hits = spelled(node.args[0])
+        found += [(node.lineno, name) for name in hits]
+    return found
 
 
 def test_no_module_outside_knobs_tests_or_recommends_a_knob_by_its_name() -> None:
-    # A knob renamed, added or removed changes knobs/ only: the loop, the diagnosis, the report
-    # and triage never compare a value with a knob's name nor recommend one spelled out (they
-    # read the registry's sets, the knob classes' ``name``, or an ``Advisor``'s answer).
+    # A knob renamed or added changes knobs/ (and triage's imports of the classes it names)
+    # only: the loop, the diagnosis and the report never compare a value with a knob's name,
+    # look one up, nor recommend one spelled out; they read the registry's sets, a knob class's
+    # ``name``, or an ``Advisor``'s answer.
     from lightning_maxtp.knobs.registry import KNOBS, SETTINGS
 
     names = {k.name for k in (*KNOBS, *SETTINGS)}
-
-    def spelled(node: ast.AST) -> list[str]:
-        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
-        return [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
-
-    found = []
-    for module, path in MODULES.items():
-        if _stage(module) not in NAMES_THE_KNOBS:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                hits = [n for side in (node.left, *node.comparators) for n in spelled(side)]
-            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Recommendation"):
-                hits = spelled(node.args[0]) if node.args else []
-            else:
-                continue
-            found += [f"{module}:{node.lineno}: {name!r}" for name in hits]
+    found = [
+        f"{module}:{line}: {name!r}"
+        for module, path in MODULES.items()
+        if _stage(module) in NAMES_THE_KNOBS
+        for line, name in _knob_names_spelled(ast.parse(path.read_text()), names)
+        if (module, name) not in NOT_THE_KNOB
+    ]
     assert not found, found
+    # The scan finds them: the recommendations the diagnosis made itself before the advice.
+    before = (
+        'Recommendation("num_workers", 0, 2, "", True)\nif knob in ("precision", "tf32"): pass\n'
+    )
+    before += 'Recommendation(knob="gc", current=0, proposed=1, reason="", auto_apply=True)\n'
+    before += 'Recommendation("x", 0, 1, "", True, also=(("persistent_workers", True),))\n'
+    before += 'workers = settings["num_workers"] or ctx.get("pin_memory")\n'
+    hits = [name for _, name in _knob_names_spelled(ast.parse(before), names)]
+    assert sorted(hits) == sorted(["num_workers", "precision", "tf32", "gc",
+                                   "persistent_workers", "num_workers", "pin_memory"])  # fmt: skip
 
 
 @pytest.mark.parametrize("subpackage", [p for p in SUBPACKAGES if p != "callbacks"])

@@ -19,7 +19,7 @@ from lightning_maxtp.cli import main
 from lightning_maxtp.observe import BottleneckKind
 from lightning_maxtp.triage import classify, triage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager

@@ -345,7 +345,7 @@ def kernel_launch(window: Window) -> list[Recommendation]:
 
 
 def host_overhead(window: Window) -> list[Recommendation]:
-    """Pinned memory and non-blocking copies first (free), then removing per-step syncs."""
+    """Collections first (the ``gc`` knob), then pinned memory, persistent workers, fewer syncs."""
     ctx, cap = window.context, window.capture
     recs: list[Recommendation] = []
     if ctx.pin_memory is not True:

@@ -2,8 +2,8 @@
 
 The diagnosis (``observe.diagnosis``) names what limits the steps without naming a knob; it
 asks an ``observe.recommendation.Advisor`` what to change for each finding. This is the one the
-callback, the report and ``lightning_maxtp.diagnose`` use: ``advice`` and ``advice_loader``
-hold the recommendations, each knob named by its class.
+callback (whose report carries its answers) and ``lightning_maxtp.diagnose`` use: ``advice``
+and ``advice_loader`` hold the recommendations, each knob named by its class.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def diagnose(window: Window) -> list[Diagnosis]:
 
     ``observe.diagnosis.diagnose`` with ``ADVICE``: the findings and their evidence, each with
     what to change, in order.
+
+    Args:
+        window: The steps to judge.
 
     Returns:
         Findings ordered by confidence; ``healthy`` is included when no finding reaches

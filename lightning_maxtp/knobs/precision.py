@@ -138,7 +138,7 @@ class Precision(BaseKnob):
 
         if device == "cuda":
             major, minor = torch.cuda.get_device_capability()
-            if not bf16_native(f"{major}.{minor}"):  # the diagnosis's rule, not a second one
+            if not bf16_native(f"{major}.{minor}"):  # the one rule: the advice reads it too
                 return "16-mixed"
         return "bf16-mixed"
 

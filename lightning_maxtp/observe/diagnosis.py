@@ -1,4 +1,4 @@
-"""Name the bottleneck of a window of steps: ``diagnose(window) -> list[Diagnosis]``.
+"""Name the bottleneck of a window of steps: ``diagnose(window, advisor) -> list[Diagnosis]``.
 
 Pure: plain data in (``Window``), plain data out; no torch. Each rule reads shares of the step
 or of the sampling period (thresholds and their sources in ``thresholds``) and returns the

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "FULL_WIDTH",
     "Utilization",
     "conv_backward_flops",
     "conv_flops",
@@ -89,10 +88,6 @@ def conv_backward_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-FULL_WIDTH = ("fp32", "tf32")
-"""The peaks' dtypes of a 32-bit step: plain fp32, or its matmuls (or convolutions) in TF32."""
-
-
 def dtype_in_force(precision: str | None, *, tf32: bool = False) -> str:
     """The peak's dtype for Lightning's ``precision`` (``tf32``: fp32 matmuls may use TF32)."""
     text = str(precision or "32-true")
@@ -100,8 +95,7 @@ def dtype_in_force(precision: str | None, *, tf32: bool = False) -> str:
         return "bf16"
     if text.startswith("16"):
         return "fp16"
-    fp32, tf32_dtype = FULL_WIDTH
-    return tf32_dtype if tf32 else fp32
+    return "tf32" if tf32 else "fp32"
 
 
 @dataclass(frozen=True)

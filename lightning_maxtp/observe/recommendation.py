@@ -59,7 +59,8 @@ def _fmt(value: Any) -> str:
 class Advisor(Protocol):
     """The recommendations for each finding of the diagnosis, in the order to try them.
 
-    ``knobs.advice.ADVICE`` is the knobs' (``diagnose`` there binds it); each method reads the
+    ``knobs.advisor.ADVICE`` is the knobs' (``knobs.advisor.diagnose`` binds it; so does
+    ``lightning_maxtp.diagnose``); each method reads the
     window the finding was named from. An empty answer is a finding with nothing to change.
     """
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lightning_maxtp.observe.data_path import DataFacts
-from lightning_maxtp.observe.flops import FULL_WIDTH, Utilization, dtype_in_force, utilization
+from lightning_maxtp.observe.flops import Utilization, dtype_in_force, utilization
 from lightning_maxtp.observe.gc_pauses import GcSummary
 from lightning_maxtp.observe.syncs import SyncCount
 
@@ -124,9 +124,8 @@ class JobContext:
         peak = peaks.get(dtype, 0.0)
         share = self.conv_flop_share
         # The tf32 knob turns both switches on: on, the convolutions run TF32 too.
-        fp32, tf32 = FULL_WIDTH
-        conv = tf32 if self.tf32_conv or self.tf32 else fp32
-        mixed = dtype in FULL_WIDTH and self.device_type == "cuda" and conv != dtype
+        conv = "tf32" if self.tf32_conv or self.tf32 else "fp32"
+        mixed = dtype in ("fp32", "tf32") and self.device_type == "cuda" and conv != dtype
         if mixed and share and peak > 0 and peaks.get(conv, 0.0) > 0:
             peak = 1 / (share / peaks[conv] + (1 - share) / peak)
             dtype = f"{conv} convolutions ({share:.0%} of the FLOPs), {dtype} matmuls"
