@@ -174,6 +174,12 @@ def log_shows_oom(log_path: Path, offset: int = 0) -> bool:
             tail = f.read()
     except OSError:
         return False
+    return output_shows_oom(tail)
+
+
+def output_shows_oom(output: bytes) -> bool:
+    """Whether a job's own output (the end of it is read) shows an OOM."""
+    tail = output[-_OOM_TAIL_BYTES:]
     return any(marker in tail for marker in OOM_MARKERS)
 
 

@@ -159,12 +159,14 @@ def run_attempt(job: JobSpec, index: int, events: Any, env: dict[str, str]) -> i
     }
     end: dict[str, Any] = {"kind": "end", "job": index, "exit_code": 127, "oom": False}
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="maxtp-pack-") as folder:
+    # The output's file leaves the folder as soon as the job and this worker have it open
+    # (``_run``): a worker killed with SIGKILL, as a lost node's, leaves nothing in /tmp.
+    with tempfile.TemporaryDirectory(prefix="maxtp-pack-", ignore_cleanup_errors=True) as folder:
         path = Path(folder) / "output.log"
         try:
             _run(job, path, start, end, events, env=env)
         finally:  # also when cancelled: the driver's log gets what the job wrote
-            end["output"] = path.read_bytes() if path.exists() else b""
+            end.setdefault("output", b"")
             end["wall_s"] = time.monotonic() - began
             events.put(end)
     if proc.killed_by(end["exit_code"], shell=job.shell) is not None:
@@ -184,33 +186,49 @@ def _run(
     """Run the command with its output to ``path``, copied to this worker's stderr as it comes.
 
     ``start`` goes to ``events`` once the command runs (the queue's actor may still be starting:
-    the job does not wait for it). Fills in ``end`` (exit code, peak memory, whether the output
-    shows a GPU OOM) as it learns them, so a cancelled run still reports what it had.
+    the job does not wait for it). Fills in ``end`` (exit code, peak memory, the whole output,
+    whether it shows a GPU OOM) as it learns them, so a cancelled run still reports what it
+    had. ``path`` and its folder are removed once the job and this worker hold the file open.
     """
+    path.touch()  # opened to read before the job starts: a failed open leaves no job behind
+    output = open(path, "rb")  # noqa: SIM115 - closed below, after the job's whole output
     try:
         # In the worker's process group, which Ray ends with the worker (a crash, a forced cancel)
         child = proc.start(job, env, path, header="", new_session=False)
     except OSError as err:
+        output.close()
         events.put(start)
-        path.write_text(f"# could not start: {err}\n")
+        end["output"] = f"# could not start: {err}\n".encode()
         return
     try:
+        _leave(path)
         events.put(start)
-        with open(path, "rb") as output:
-            sampled = 0.0
-            while proc.reap(child) is None:
-                if time.monotonic() - sampled >= _SAMPLE_INTERVAL_S:
-                    child.tree.sample()
-                    sampled = time.monotonic()
-                _forward(output)
-                time.sleep(_POLL_INTERVAL_S)
+        sampled = 0.0
+        while proc.reap(child) is None:
+            if time.monotonic() - sampled >= _SAMPLE_INTERVAL_S:
+                child.tree.sample()
+                sampled = time.monotonic()
             _forward(output)
+            time.sleep(_POLL_INTERVAL_S)
+        _forward(output)
     finally:  # Ray's cancel (a KeyboardInterrupt here) stops the job's whole tree first
         if child.popen.returncode is None:
             proc.kill(child)
+        with output:
+            output.seek(0)
+            end["output"] = output.read()
         end["exit_code"] = child.popen.returncode
         end["peak_rss_bytes"] = child.tree.peak_rss_bytes or None
-        end["oom"] = child.popen.returncode != 0 and proc.log_shows_oom(path)
+        end["oom"] = child.popen.returncode != 0 and proc.output_shows_oom(end["output"])
+
+
+def _leave(path: Path) -> None:
+    """Remove ``path`` and its folder while the job and the worker hold it open (it lives on)."""
+    try:
+        path.unlink()
+        path.parent.rmdir()
+    except OSError as err:  # the folder goes when the attempt ends, unless the worker is killed
+        print(f"maxtp pack: the job's output file stays at {path}: {err}", file=sys.stderr)
 
 
 def _forward(output: IO[bytes]) -> None:

@@ -137,6 +137,7 @@ KILL_WORKER_ONCE = (  # the task's worker dies, as on a lost node; the job itsel
     "    while not (log.exists() and (w := pid.search(log.read_text()))):\n"
     "        assert time.monotonic() < deadline; time.sleep(0.05)  # the header comes after us\n"
     "    assert int(w[1]) == os.getppid()  # the job is its worker's child\n"
+    "    pathlib.Path(sys.argv[3]).write_text(os.readlink('/proc/self/fd/1'))  # its output\n"
     "    m.write_text(str(os.getpid())); os.kill(int(w[1]), signal.SIGKILL)\n"
     "    time.sleep(60)\n"
     "print('second attempt')"
@@ -144,13 +145,17 @@ KILL_WORKER_ONCE = (  # the task's worker dies, as on a lost node; the job itsel
 
 
 def test_failures_retries_and_a_lost_worker(cluster: Any, tmp_path: Path) -> None:
-    killed, lost = tmp_path / "killed.pid", tmp_path / "lost.pid"
+    killed, lost, output_file = tmp_path / "killed.pid", tmp_path / "lost.pid", tmp_path / "out"
     lost_log = tmp_path / "logs" / "04-lost.log"  # names the Ray worker's pid
     jobs = [
         JobSpec("echo broken; exit 3", name="three", retries=2),  # an error code: never rerun
         JobSpec("echo fine", name="fine"),
         JobSpec((PY, "-c", KILL_SELF_ONCE, str(killed)), name="killed", retries=1),
-        JobSpec((PY, "-c", KILL_WORKER_ONCE, str(lost), str(lost_log)), name="lost", retries=1),
+        JobSpec(
+            (PY, "-c", KILL_WORKER_ONCE, str(lost), str(lost_log), str(output_file)),
+            name="lost",
+            retries=1,
+        ),
         JobSpec("kill -9 $$", name="no-retry"),
         py_job("term", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"),  # not blocked
     ]
@@ -184,6 +189,10 @@ def test_failures_retries_and_a_lost_worker(cluster: Any, tmp_path: Path) -> Non
         assert psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
     text = str(result)
     assert "killed attempt 1: killed by SIGKILL" in text and "lost attempt 1: lost on" in text
+    # The killed worker left no folder behind: its job's output file had left it already.
+    written = output_file.read_text()
+    assert written.endswith(" (deleted)") and "maxtp-pack-" in written, written
+    assert not Path(written.removesuffix(" (deleted)")).parent.exists(), written
 
 
 def test_fail_fast_cancels_the_rest_and_max_parallel_holds_them_back(
