@@ -161,7 +161,7 @@ def run_attempt(job: JobSpec, index: int, events: Any, env: dict[str, str]) -> i
     began = time.monotonic()
     # The output's file leaves the folder as soon as the job and this worker have it open
     # (``_run``): a worker killed with SIGKILL, as a lost node's, leaves nothing in /tmp.
-    with tempfile.TemporaryDirectory(prefix="maxtp-pack-", ignore_cleanup_errors=True) as folder:
+    with tempfile.TemporaryDirectory(prefix="maxtp-pack-") as folder:  # gone already: no error
         path = Path(folder) / "output.log"
         try:
             _run(job, path, start, end, events, env=env)
@@ -212,14 +212,16 @@ def _run(
             time.sleep(_POLL_INTERVAL_S)
         _forward(output)
     finally:  # Ray's cancel (a KeyboardInterrupt here) stops the job's whole tree first
-        if child.popen.returncode is None:
-            proc.kill(child)
-        with output:
-            output.seek(0)
-            end["output"] = output.read()
-        end["exit_code"] = child.popen.returncode
-        end["peak_rss_bytes"] = child.tree.peak_rss_bytes or None
-        end["oom"] = child.popen.returncode != 0 and proc.output_shows_oom(end["output"])
+        try:
+            if child.popen.returncode is None:
+                proc.kill(child)
+        finally:  # what the job wrote and how it ended reach the driver even if the kill raised
+            with output:
+                output.seek(0)
+                end["output"] = output.read()
+            end["exit_code"] = child.popen.returncode
+            end["peak_rss_bytes"] = child.tree.peak_rss_bytes or None
+            end["oom"] = child.popen.returncode != 0 and proc.output_shows_oom(end["output"])
 
 
 def _leave(path: Path) -> None:
@@ -228,7 +230,7 @@ def _leave(path: Path) -> None:
         path.unlink()
         path.parent.rmdir()
     except OSError as err:  # the folder goes when the attempt ends, unless the worker is killed
-        print(f"maxtp pack: the job's output file stays at {path}: {err}", file=sys.stderr)
+        print(f"maxtp pack: {path.parent} stays until the attempt ends: {err}", file=sys.stderr)
 
 
 def _forward(output: IO[bytes]) -> None:
