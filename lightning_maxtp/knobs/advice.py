@@ -34,6 +34,7 @@ from lightning_maxtp.observe.window import JobContext, Window
 
 __all__ = [
     "batch_growth",
+    "busy_host",
     "collections",
     "compute",
     "fewer_workers",
@@ -41,6 +42,7 @@ __all__ = [
     "kernel_launch",
     "leaner_loader",
     "main_threads",
+    "modelled",
     "modelled_workers",
     "num_workers_change",
     "precision",
@@ -100,6 +102,20 @@ def modelled_workers(window: Window, why: str = "") -> Recommendation | Literal[
             # give it (2 workers decoding JPEGs in 32-step epochs: +6-8 % against +47-52 %).
             rec = dataclasses.replace(rec, also=((PersistentWorkers.name, True),))
     return dataclasses.replace(rec, expected_gain=round(gain, 4))
+
+
+def modelled(window: Window) -> list[Recommendation]:
+    """The job model's worker change (``modelled_workers``), then what goes with it.
+
+    Fewer workers bring the leaner loader (``leaner_loader``); empty without a model or when
+    nothing beats the settings in force.
+    """
+    found = modelled_workers(window)
+    if not isinstance(found, Recommendation):
+        return []
+    if int(found.proposed) > int(found.current):
+        return [found]
+    return [found, *leaner_loader(window)]
 
 
 def main_threads(
@@ -186,6 +202,12 @@ def fewer_workers(window: Window) -> Recommendation | None:
     if proposed >= workers:
         return None
     return Recommendation(NumWorkers.name, workers, proposed, f"{why}; kept only if faster", True)
+
+
+def busy_host(window: Window) -> list[Recommendation]:
+    """Fewer workers (``fewer_workers``), when they take a busy GPU host's CPUs."""
+    found = fewer_workers(window)
+    return [] if found is None else [found]
 
 
 def _modelled_fewer(window: Window, busy: float) -> Recommendation | Literal[False] | None:

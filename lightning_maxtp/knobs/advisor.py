@@ -8,69 +8,28 @@ and ``advice_loader`` hold the recommendations, each knob named by its class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from lightning_maxtp.knobs import advice, advice_loader
 from lightning_maxtp.observe.diagnosis import Diagnosis
 from lightning_maxtp.observe.diagnosis import diagnose as _diagnose
-from lightning_maxtp.observe.recommendation import Advisor, Recommendation
+from lightning_maxtp.observe.recommendation import Advisor
 from lightning_maxtp.observe.window import Window
 
-__all__ = ["ADVICE", "KnobAdvice", "diagnose"]
+__all__ = ["ADVICE", "diagnose"]
 
 
-class KnobAdvice:
-    """The knobs' answer to each finding (``Advisor``; see ``advice`` for each rule)."""
-
-    def data_pipeline(self, window: Window) -> Sequence[Recommendation]:
-        """More workers (the job model's count), then prefetch, then pre-encoding."""
-        return advice_loader.data_pipeline(window)
-
-    def storage(self, window: Window) -> Sequence[Recommendation]:
-        """More reads in flight, then local copies and shards."""
-        return advice_loader.storage(window)
-
-    def compute(self, window: Window) -> Sequence[Recommendation]:
-        """Fewer busy workers, threads sized to the cores left, a leaner loader; the opt-ins."""
-        return advice.compute(window)
-
-    def modelled(self, window: Window) -> Sequence[Recommendation]:
-        """The job model's worker change; fewer workers bring the leaner loader with them."""
-        found = advice.modelled_workers(window)
-        if not isinstance(found, Recommendation):
-            return ()
-        if int(found.proposed) > int(found.current):
-            return (found,)
-        return (found, *advice.leaner_loader(window))
-
-    def vram(self, window: Window) -> Sequence[Recommendation]:
-        """Same effective batch with half the activations, then checkpointing."""
-        return advice.vram(window)
-
-    def kernel_launch(self, window: Window) -> Sequence[Recommendation]:
-        """Fewer, larger kernels: batch, CUDA graphs, more jobs per GPU."""
-        return advice.kernel_launch(window)
-
-    def host_overhead(self, window: Window) -> Sequence[Recommendation]:
-        """Collections, pinned memory and persistent workers first, then per-step syncs."""
-        return advice.host_overhead(window)
-
-    def collections(self, window: Window) -> Sequence[Recommendation]:
-        """The ``gc`` knob."""
-        return advice.collections(window)
-
-    def busy_host(self, window: Window) -> Sequence[Recommendation]:
-        """Fewer workers, when they take the host's CPUs."""
-        found = advice.fewer_workers(window)
-        return () if found is None else (found,)
-
-    def under_occupied(self, window: Window) -> Sequence[Recommendation]:
-        """Use the idle GPUs, or pack jobs."""
-        return advice.under_occupied(window)
-
-
-ADVICE: Advisor = KnobAdvice()
-"""The knobs' recommendations, as the diagnosis asks for them."""
+ADVICE = Advisor(
+    data_pipeline=advice_loader.data_pipeline,
+    storage=advice_loader.storage,
+    compute=advice.compute,
+    modelled=advice.modelled,
+    vram=advice.vram,
+    kernel_launch=advice.kernel_launch,
+    host_overhead=advice.host_overhead,
+    collections=advice.collections,
+    busy_host=advice.busy_host,
+    under_occupied=advice.under_occupied,
+)
+"""The knobs' recommendations, as the diagnosis asks for them (each rule in ``advice``)."""
 
 
 def diagnose(window: Window) -> list[Diagnosis]:

@@ -7,13 +7,13 @@ the knobs' to say (``knobs.advice``), so the diagnosis never spells a knob's nam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from lightning_maxtp.observe.window import Window
 
-__all__ = ["Advisor", "Recommendation"]
+__all__ = ["Advise", "Advisor", "Recommendation"]
 
 
 @dataclass(frozen=True)
@@ -56,53 +56,37 @@ def _fmt(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-class Advisor(Protocol):
-    """The recommendations for each finding of the diagnosis, in the order to try them.
+Advise = Callable[[Window], Sequence[Recommendation]]
+"""The recommendations for one finding, from the window it was named from, in the order to try
+them (empty: nothing to change)."""
 
-    ``knobs.advisor.ADVICE`` is the knobs' (``knobs.advisor.diagnose`` binds it; so does
-    ``lightning_maxtp.diagnose``); each method reads the
-    window the finding was named from. An empty answer is a finding with nothing to change.
+
+@dataclass(frozen=True)
+class Advisor:
+    """The recommendations for each finding of the diagnosis: one function each.
+
+    ``knobs.advisor.ADVICE`` is the knobs' (``knobs.advisor.diagnose`` passes it; so does
+    ``lightning_maxtp.diagnose``).
     """
 
-    def data_pipeline(self, window: Window) -> Sequence[Recommendation]:
-        """The loader cannot keep up: what makes it faster."""
-        ...
-
-    def storage(self, window: Window) -> Sequence[Recommendation]:
-        """The loader waits on reads: what puts more in flight or reads less."""
-        ...
-
-    def compute(self, window: Window) -> Sequence[Recommendation]:
-        """The device is the limit: what gives the step more of it (none: healthy)."""
-        ...
-
-    def modelled(self, window: Window) -> Sequence[Recommendation]:
-        """The job model's change of the loader's workers, first, then what goes with it.
-
-        Empty without a model, or when it predicts nothing beats the settings in force.
-        """
-        ...
-
-    def vram(self, window: Window) -> Sequence[Recommendation]:
-        """Device memory at the ceiling: what needs less of it."""
-        ...
-
-    def kernel_launch(self, window: Window) -> Sequence[Recommendation]:
-        """Many tiny kernels: what makes fewer, larger ones."""
-        ...
-
-    def host_overhead(self, window: Window) -> Sequence[Recommendation]:
-        """Gaps between kernels (syncs, copies, collections): what removes them."""
-        ...
-
-    def collections(self, window: Window) -> Sequence[Recommendation]:
-        """Python's garbage collector takes a share of the step: what collects less."""
-        ...
-
-    def busy_host(self, window: Window) -> Sequence[Recommendation]:
-        """A GPU host's CPUs are busy: what this job can give back."""
-        ...
-
-    def under_occupied(self, window: Window) -> Sequence[Recommendation]:
-        """Too little work for the device: what gives it more."""
-        ...
+    data_pipeline: Advise
+    """The loader cannot keep up: what makes it faster."""
+    storage: Advise
+    """The loader waits on reads: what puts more in flight or reads less."""
+    compute: Advise
+    """The device is the limit: what gives the step more of it (none: healthy)."""
+    modelled: Advise
+    """The job model's change of the loader's workers, first, then what goes with it; empty
+    without a model, or when it predicts nothing beats the settings in force."""
+    vram: Advise
+    """Device memory at the ceiling: what needs less of it."""
+    kernel_launch: Advise
+    """Many tiny kernels: what makes fewer, larger ones."""
+    host_overhead: Advise
+    """Gaps between kernels (syncs, copies, collections): what removes them."""
+    collections: Advise
+    """Python's garbage collector takes a share of the step: what collects less."""
+    busy_host: Advise
+    """A GPU host's CPUs are busy: what this job can give back."""
+    under_occupied: Advise
+    """Too little work for the device: what gives it more."""
